@@ -1,0 +1,139 @@
+"""`memopt`: the workflow's steps without Snakemake. Each subcommand calls the same function as
+the rule of the same name."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from memopt.config import load_config_file, validate_config
+from memopt.errors import exit_on_user_error
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _study(args) -> dict:
+    return validate_config(load_config_file(args.config))
+
+
+def cmd_validate(args) -> None:
+    print(json.dumps(_study(args), indent=2))
+
+
+def cmd_search(args) -> None:
+    from memopt.pipeline import search_file
+
+    out = args.out or Path(f"results/search/{args.technique}.json")
+    r = search_file(_study(args), args.technique, args.tokens, out, threads=args.threads)
+    print(
+        f"{args.technique}: max batch {r['max_batch']} ({r['status']}, {len(r['trials'])} "
+        f"trials, {r['seconds']:.1f} s) -> {out}"
+    )
+
+
+def cmd_cell(args) -> None:
+    from memopt.pipeline import cell_file
+
+    out = args.out or Path(f"results/cells/{args.technique}/{args.batch}.json")
+    r = cell_file(
+        _study(args),
+        args.technique,
+        args.batch,
+        args.tokens,
+        args.search_dir,
+        out,
+        threads=args.threads,
+    )
+    if r["status"] == "ok":
+        print(
+            f"{args.technique} batch {r['batch_size']}: {r['step_time_ms']['mean']:.1f} ms/step, "
+            f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_allocated_mib']:.0f} MiB, "
+            f"val ppl {r['val_ppl']:.2f} -> {out}"
+        )
+    else:
+        print(f"{args.technique} batch {r['batch_size']}: {r['status']} ({r['error']}) -> {out}")
+
+
+def cmd_paper(args) -> None:
+    from memopt.figures import make_figures
+    from memopt.paper import render_paper
+    from memopt.results import aggregate
+
+    results, out = Path(args.results), Path(args.out)
+    study = _study(args)
+    cells = [
+        results / "cells" / t / f"{b}.json"
+        for t in study["techniques"]
+        for b in study["batch_sizes"]
+    ]
+    missing = [str(c) for c in cells if not c.exists()]
+    if missing:
+        from memopt.errors import MemoptError
+
+        raise MemoptError(
+            f"{len(missing)} cell result(s) missing under {results}: " + ", ".join(missing[:5])
+        )
+    summary = results / "summary.csv"
+    aggregate(cells, summary)
+    make_figures(summary, cells, out / "figures")
+    render_paper(
+        summary,
+        sorted((results / "search").glob("*.json")),
+        Path(args.data) / "corpus" / "stats.json",
+        Path(args.data) / "tokens" / "meta.json",
+        study,
+        out / "figures",
+        Path(args.templates),
+        out / "paper.md",
+        out / "paper.tex",
+    )
+    print(f"wrote {out / 'paper.md'} and {out / 'paper.tex'}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memopt", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name, func, help_):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument(
+            "--config",
+            type=Path,
+            default=Path("config.yaml"),
+            help="study config (default: config.yaml)",
+        )
+        sp.set_defaults(func=func)
+        return sp
+
+    add("validate", cmd_validate, "check a config and print it with defaults filled")
+    for name, func, help_ in (
+        ("search", cmd_search, "find one technique's maximum batch"),
+        ("cell", cmd_cell, "train one technique at one batch entry"),
+    ):
+        sp = add(name, func, help_)
+        sp.add_argument("technique")
+        sp.add_argument("--tokens", type=Path, default=Path("data/tokens"))
+        sp.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+        sp.add_argument("--out", type=Path, default=None)
+        if name == "cell":
+            sp.add_argument("batch", help="same, max, or a number")
+            sp.add_argument("--search-dir", type=Path, default=Path("results/search"))
+    sp = add("paper", cmd_paper, "aggregate a results folder and render the paper (no GPU needed)")
+    sp.add_argument("--results", default="results", help="folder with cells/ and search/")
+    sp.add_argument(
+        "--data", default="data", help="folder with corpus/stats.json, tokens/meta.json"
+    )
+    sp.add_argument("--out", default="paper", help="where paper.md, paper.tex, figures/ go")
+    sp.add_argument("--templates", default=str(ROOT / "paper" / "templates"))
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    with exit_on_user_error():
+        args.func(args)
+
+
+if __name__ == "__main__":
+    main()

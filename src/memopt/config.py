@@ -1,0 +1,202 @@
+"""The study config: schema validation with defaults, cross-key rules, and clear errors.
+
+The schema lives in workflow/schemas/config.schema.yaml; the Snakefile and the `memopt` command both
+validate through `validate_config`, so a bad value fails the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from memopt.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+ROOT_CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    if not path.exists():
+        raise ConfigError(f"config schema not found at {path}; run memopt from a source checkout")
+    return yaml.safe_load(path.read_text())
+
+
+def load_config_file(path: Path) -> dict:
+    """Read a YAML config file (not yet validated)."""
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read config file {path}: {err}") from None
+
+
+def _fill_defaults(instance, schema: dict):
+    """Fill `default` values from the schema, recursively, into dicts (jsonschema does not)."""
+    if not isinstance(instance, dict):
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        _fill_defaults(instance.get(key), sub)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in set(instance) - set(schema.get("properties", {})):
+            _fill_defaults(instance[key], extra)
+
+
+def _coerce(instance, schema: dict):
+    """Turn strings into the numbers, booleans or nulls the schema asks for.
+
+    Snakemake parses nested `--config` values with YAML's BaseLoader, so in
+    `--config "search={'memory_budget_gib': 0.5}"` the 0.5 arrives as the string '0.5'.
+    """
+    if isinstance(instance, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for key, value in instance.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                instance[key] = _coerce(value, sub)
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        return [_coerce(v, schema["items"]) for v in instance]
+    elif instance in ("null", "~") and "null" in schema.get("type", []):
+        return None
+    elif isinstance(instance, str) and not jsonschema.Draft202012Validator(schema).is_valid(
+        instance
+    ):
+        try:
+            parsed = yaml.safe_load(instance)
+        except yaml.YAMLError:
+            return instance
+        if not isinstance(parsed, (str, dict, list)):
+            return parsed  # a number, boolean or null: now validation can judge its value
+    return instance
+
+
+def _key(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<config>"
+
+
+def _allowed(err: jsonschema.ValidationError) -> str:
+    s = err.schema
+    if err.validator == "enum":
+        return "one of " + ", ".join(repr(v) for v in s["enum"])
+    if err.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        parts = []
+        for word, sign in (
+            ("minimum", ">="),
+            ("exclusiveMinimum", ">"),
+            ("maximum", "<="),
+            ("exclusiveMaximum", "<"),
+        ):
+            if word in s:
+                parts.append(f"{sign} {s[word]}")
+        return "a number " + " and ".join(parts)
+    if err.validator == "type":
+        return f"type {s['type']}"
+    if err.validator == "anyOf":
+        return " or ".join(_describe(sub) for sub in s["anyOf"])
+    return err.message
+
+
+def _describe(sub: dict) -> str:
+    if "enum" in sub:
+        return "one of " + ", ".join(repr(v) for v in sub["enum"])
+    if sub.get("type") == "integer":
+        return f"an integer >= {sub.get('minimum', '-inf')}"
+    return json.dumps(sub)
+
+
+def _message(err: jsonschema.ValidationError) -> str:
+    key = _key(err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed))
+        where = "" if key == "<config>" else f" in {key}"
+        return (
+            f"unknown key {', '.join(repr(e) for e in extra)}{where}; allowed: {', '.join(allowed)}"
+        )
+    if err.validator == "required":
+        return f"{key}: {err.message}"
+    if err.validator == "propertyNames":
+        return (
+            f"{key}: technique name {err.instance!r} is not allowed; "
+            "use letters, digits and underscores, starting with a letter"
+        )
+    if err.validator in ("minItems", "minProperties", "uniqueItems"):
+        return f"{key}: {err.message}"
+    return f"{key}: {err.instance!r} is not allowed; allowed: {_allowed(err)}"
+
+
+def validate_config(raw: dict, schema: dict | None = None) -> dict:
+    """Return a validated copy of `raw` with defaults filled; raise ConfigError naming the key."""
+    schema = schema or load_schema()
+    cfg = _coerce(copy.deepcopy(dict(raw or {})), schema)
+    _fill_defaults(cfg, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise ConfigError("\n".join(_message(e) for e in errors))
+    _check_cross_keys(cfg)
+    return cfg
+
+
+def _check_cross_keys(cfg: dict) -> None:
+    m, problems = cfg["model"], []
+    if m["d_model"] % m["n_heads"]:
+        problems.append(
+            f"model.n_heads: {m['n_heads']} does not divide model.d_model "
+            f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
+        )
+    for name, spec in cfg["techniques"].items():
+        w = spec.get("window")
+        if w is not None and w > m["seq_len"]:
+            problems.append(
+                f"techniques.{name}.window: {w} is larger than model.seq_len "
+                f"({m['seq_len']}); allowed: 1..{m['seq_len']}"
+            )
+        if spec.get("attention") == "flash" and w is not None:
+            problems.append(
+                f"techniques.{name}.attention: 'flash' (PyTorch SDPA) has no "
+                f"sliding window (window {w}); allowed with a window: math, flex, auto"
+            )
+    if cfg["baseline"] not in cfg["techniques"]:
+        problems.append(
+            f"baseline: {cfg['baseline']!r} is not a technique; allowed: "
+            + ", ".join(cfg["techniques"])
+        )
+    if cfg["train"]["steps"] <= cfg["measure"]["warmup_steps"]:
+        problems.append(
+            f"train.steps: {cfg['train']['steps']} leaves no timed step after "
+            f"measure.warmup_steps ({cfg['measure']['warmup_steps']}); allowed: > "
+            f"{cfg['measure']['warmup_steps']}"
+        )
+    c = cfg["corpus"]
+    if c["source"] == "mirror" and not c.get("mirror"):
+        problems.append(
+            "corpus.mirror: None is not allowed with corpus.source 'mirror'; "
+            "allowed: a directory or http(s) URL in speakleash layout"
+        )
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def technique_spec(cfg: dict, name: str) -> dict:
+    """The full knob dict of one technique (defaults filled by validation)."""
+    if name not in cfg["techniques"]:
+        raise ConfigError(
+            f"technique {name!r} is not in the config; allowed: " + ", ".join(cfg["techniques"])
+        )
+    return dict(cfg["techniques"][name])
+
+
+def config_hash(obj) -> str:
+    """A short stable hash of any JSON-able part of the config (for provenance)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]

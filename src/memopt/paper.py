@@ -1,0 +1,306 @@
+"""Render the paper (Markdown and LaTeX) from the study's results with Jinja2 templates.
+
+All numbers reach the templates through one context dict built here; templates only format them.
+StrictUndefined makes a misspelt or missing value a render error instead of an empty string, so a
+paper can never silently lack a number.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import jinja2
+
+from memopt.errors import MemoptError
+from memopt.results import INT_COLUMNS, entry_sort_key, read_json, read_summary, write_text
+
+FIGURES = ("memory", "throughput", "loss")
+PROVENANCE_KEYS = ("git_commit", "config_hash", "torch", "python", "cuda", "gpu", "memopt")
+
+
+# ---------------------------------------------------------------- filters
+
+
+def num(value, decimals: int = 0) -> str:
+    """1234.5 -> '1,234.5' (decimals fixed); None or NaN -> 'n/a' (an unmeasured value)."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises here, naming the missing variable
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{decimals}f}"
+
+
+_TEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+_TEX_RE = re.compile("|".join(re.escape(c) for c in _TEX_SPECIAL))
+
+
+def tex(value) -> str:
+    """Escape LaTeX special characters in one pass (so the backslashes we add stay intact)."""
+    return "n/a" if value is None else _TEX_RE.sub(lambda m: _TEX_SPECIAL[m.group()], str(value))
+
+
+def md(value) -> str:
+    """Make a value safe inside a Markdown table cell: | would start a new column."""
+    return "n/a" if value is None else str(value).replace("|", r"\|").replace("\n", " ")
+
+
+def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
+    """Jinja2 environment; LaTeX templates use \\BLOCK{..} \\VAR{..} \\#{..} since { } % are TeX."""
+    options = dict(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    if latex:
+        options.update(
+            block_start_string=r"\BLOCK{",
+            block_end_string="}",
+            variable_start_string=r"\VAR{",
+            variable_end_string="}",
+            comment_start_string=r"\#{",
+            comment_end_string="}",
+            line_statement_prefix=None,
+            line_comment_prefix=None,
+        )
+    env = jinja2.Environment(**options)
+    env.filters.update(num=num, tex=tex, md=md)
+    return env
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def param_count(model_cfg: dict, vocab_size: int) -> int:
+    """Trainable parameters of the decoder: tied token embedding + learned positions, per block
+    QKV and output projections with biases, a 2-layer MLP with biases, two LayerNorms, and a
+    final LayerNorm. The LM head shares the token embedding, so it adds nothing."""
+    d, d_ff = model_cfg["d_model"], model_cfg["d_ff"]
+    embeddings = vocab_size * d + model_cfg["seq_len"] * d
+    attention = (3 * d * d + 3 * d) + (d * d + d)
+    mlp = (d * d_ff + d_ff) + (d_ff * d + d)
+    layer_norms = 2 * (2 * d)
+    return embeddings + model_cfg["n_layers"] * (attention + mlp + layer_norms) + 2 * d
+
+
+def _clean(value):
+    """NaN -> None and numpy scalars -> Python, so templates can test `is none`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _cells(summary_csv: Path) -> list[dict]:
+    rows = read_summary(summary_csv).to_dict(orient="records")
+    cells = []
+    for row in rows:
+        cell = {key: _clean(value) for key, value in row.items()}
+        for key in INT_COLUMNS:
+            if cell.get(key) is not None:
+                cell[key] = int(cell[key])
+        cells.append(cell)
+    return cells
+
+
+def _search(path: Path) -> dict:
+    search = read_json(path)
+    for key in ("technique", "status", "max_batch", "cap", "trials"):
+        if key not in search:
+            raise MemoptError(f"{path}: search JSON lacks required key '{key}'")
+    failed = [t["batch"] for t in search["trials"] if not t["fits"]]
+    return {
+        **search,
+        "n_trials": len(search["trials"]),
+        "first_failing_batch": min(failed) if failed else None,
+    }
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
+    """The headline numbers of the abstract, at the `same` batch (else the first entry)."""
+    entries = sorted({c["batch_entry"] for c in cells}, key=entry_sort_key)
+    entry = "same" if "same" in entries else (entries[0] if entries else None)
+    ok = [c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"]
+    base = next((c for c in ok if c["technique"] == baseline), None)
+    result = {
+        "entry": entry,
+        "batch_size": None,
+        "baseline_ok": base is not None,
+        "lowest_memory": None,
+        "fastest": None,
+        "ppl_min": None,
+        "ppl_max": None,
+        "largest_batch": None,
+    }
+    if ok:
+        result["batch_size"] = ok[0]["batch_size"]
+        low = min(ok, key=lambda c: c["peak_allocated_mib"])
+        base_mib = base["peak_allocated_mib"] if base else None
+        saving = 100 * (1 - low["peak_allocated_mib"] / base_mib) if base_mib else None
+        result["lowest_memory"] = {
+            "technique": low["technique"],
+            "peak_mib": low["peak_allocated_mib"],
+            "baseline_mib": base_mib,
+            "saving_pct": saving,
+        }
+        fast = max(ok, key=lambda c: c["tokens_per_s"])
+        base_tps = base["tokens_per_s"] if base else None
+        result["fastest"] = {
+            "technique": fast["technique"],
+            "tokens_per_s": fast["tokens_per_s"],
+            "baseline_tokens_per_s": base_tps,
+            "speedup": _ratio(fast["tokens_per_s"], base_tps),
+        }
+        ppls = [c["val_ppl"] for c in ok if c["val_ppl"] is not None]
+        result["ppl_min"], result["ppl_max"] = (min(ppls), max(ppls)) if ppls else (None, None)
+    fitting = [s for s in searches if s["max_batch"] > 0]
+    if fitting:
+        top = max(fitting, key=lambda s: s["max_batch"])
+        base_search = next((s for s in searches if s["technique"] == baseline), None)
+        base_max = base_search["max_batch"] if base_search else None
+        result["largest_batch"] = {
+            "technique": top["technique"],
+            "max_batch": top["max_batch"],
+            "capped": top["status"] == "capped",
+            "baseline_max_batch": base_max,
+            "ratio": _ratio(top["max_batch"], base_max),
+        }
+    return result
+
+
+def _provenance(cells: list[dict]) -> dict:
+    """Distinct provenance values over all cells (one commit expected; hashes may differ)."""
+    return {
+        key: sorted(
+            {str(c[f"provenance_{key}"]) for c in cells if c.get(f"provenance_{key}") is not None}
+        )
+        for key in PROVENANCE_KEYS
+    }
+
+
+def _techniques(cells: list[dict]) -> list[dict]:
+    """One entry per technique with its knobs and the attention kernels that actually ran."""
+    out = {}
+    for c in cells:
+        t = out.setdefault(
+            c["technique"],
+            {
+                "name": c["technique"],
+                "precision": c["precision"],
+                "attention": c["attention"],
+                "window": c["window"],
+                "checkpointing": c["checkpointing"],
+                "checkpoint_every": c["checkpoint_every"],
+                "compile": bool(c["compile"]),
+                "kernels": [],
+            },
+        )
+        if c["kernel"] is not None and c["kernel"] not in t["kernels"]:
+            t["kernels"].append(c["kernel"])
+    return list(out.values())
+
+
+def build_context(
+    summary_csv,
+    search_paths,
+    corpus_stats,
+    token_meta,
+    config,
+    figures_dir,
+    out_path: Path,
+    figure_ext: str,
+) -> dict:
+    """Everything the templates may use; figure paths are relative to the paper file."""
+    cells = _cells(Path(summary_csv))
+    # Search tables follow the cells' technique order, whatever order the paths came in.
+    rank = {t: i for i, t in enumerate(dict.fromkeys(c["technique"] for c in cells))}
+    searches = sorted(
+        (_search(Path(p)) for p in search_paths), key=lambda s: rank.get(s["technique"], len(rank))
+    )
+    corpus = {"license": None, "description": None, **read_json(corpus_stats)}
+    tokens = read_json(token_meta)
+    try:
+        model = {**config["model"], "params": param_count(config["model"], tokens["vocab_size"])}
+        baseline = config["baseline"]
+    except KeyError as e:
+        raise MemoptError(f"config or token meta lacks key {e} needed by the paper") from None
+    figures = {}
+    for name in FIGURES:
+        path = Path(figures_dir) / f"{name}.{figure_ext}"
+        if not path.exists():
+            raise MemoptError(f"{path}: figure not found (run the figures step first)")
+        figures[name] = Path(os.path.relpath(path, Path(out_path).parent)).as_posix()
+    # Device and step counts as the cells recorded them (an oom cell has no step counts).
+    first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
+    return {
+        "cells": cells,
+        "techniques": _techniques(cells),
+        "baseline": baseline,
+        "compared": [t for t in dict.fromkeys(c["technique"] for c in cells) if t != baseline],
+        "searches": searches,
+        "corpus": corpus,
+        "tokens": tokens,
+        "config": config,
+        "model": model,
+        "train": config.get("train", {}),
+        "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
+        "measured": {k: first_ok.get(k) for k in ("steps", "warmup_steps", "timed_steps")},
+        "findings": findings(cells, searches, baseline),
+        "provenance": _provenance(cells),
+        "figures": figures,
+    }
+
+
+def _render(env: jinja2.Environment, name: str, context: dict) -> str:
+    try:
+        return env.get_template(name).render(context)
+    except jinja2.TemplateNotFound as e:
+        raise MemoptError(f"template {e.name} not found in {env.loader.searchpath}") from None
+    except jinja2.UndefinedError as e:
+        raise MemoptError(f"template {name}: {e.message}") from None
+    except jinja2.TemplateSyntaxError as e:
+        raise MemoptError(f"template {e.name or name}, line {e.lineno}: {e.message}") from None
+
+
+def render_paper(
+    summary_csv: Path,
+    search_paths: list[Path],
+    corpus_stats: Path,
+    token_meta: Path,
+    config: dict,
+    figures_dir: Path,
+    templates_dir: Path,
+    out_md: Path,
+    out_tex: Path,
+) -> None:
+    """Render paper.md.j2 -> out_md and paper.tex.j2 -> out_tex; nothing is written unless both
+    render, so a failed render never leaves one format newer than the other."""
+    texts = {}
+    for out, template, latex, ext in (
+        (out_md, "paper.md.j2", False, "png"),
+        (out_tex, "paper.tex.j2", True, "pdf"),
+    ):
+        context = build_context(
+            summary_csv, search_paths, corpus_stats, token_meta, config, figures_dir, out, ext
+        )
+        texts[Path(out)] = _render(make_environment(Path(templates_dir), latex), template, context)
+    for out, text in texts.items():
+        write_text(out, text)

@@ -1,0 +1,62 @@
+"""File-level steps shared by the Snakemake scripts and the `memopt` command: read inputs, call the
+library, write one result file. No logic of their own beyond resolving a batch entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from memopt.data import TokenData
+from memopt.errors import MemoptError
+from memopt.results import read_json, write_json
+from memopt.search import search_max_batch
+from memopt.techniques import resolve_device
+from memopt.train import run_cell
+
+
+def resolve_batch(entry: str | int, search_json: Path | None, baseline_json: Path | None) -> int:
+    """`same` -> the baseline's maximum batch, `max` -> the technique's own, a number -> itself."""
+    entry = str(entry)
+    if entry.isdigit():
+        return int(entry)
+    path = {"same": baseline_json, "max": search_json}.get(entry)
+    if entry not in ("same", "max"):
+        raise MemoptError(f"batch entry {entry!r} is not allowed; allowed: same, max, or a number")
+    if path is None or not Path(path).exists():
+        raise MemoptError(f"batch entry {entry!r} needs the search result {path}; run the search")
+    return int(read_json(path)["max_batch"])
+
+
+def _setup(cfg: dict, threads: int | None) -> str:
+    if threads:
+        torch.set_num_threads(threads)
+    return resolve_device(cfg["device"])
+
+
+def search_file(
+    cfg: dict, technique: str, tokens_dir: Path, out: Path, threads: int | None = None
+) -> dict:
+    device = _setup(cfg, threads)
+    result = search_max_batch(cfg, technique, TokenData(tokens_dir), device)
+    write_json(out, result)
+    return result
+
+
+def cell_file(
+    cfg: dict,
+    technique: str,
+    entry: str,
+    tokens_dir: Path,
+    search_dir: Path,
+    out: Path,
+    threads: int | None = None,
+) -> dict:
+    device = _setup(cfg, threads)
+    search_dir = Path(search_dir)
+    batch = resolve_batch(
+        entry, search_dir / f"{technique}.json", search_dir / f"{cfg['baseline']}.json"
+    )
+    result = run_cell(cfg, technique, entry, batch, TokenData(tokens_dir), device)
+    write_json(out, result)
+    return result

@@ -1,0 +1,229 @@
+"""One cell: train a technique at one batch size, time it, measure memory, evaluate quality.
+
+Protocol: `measure.warmup_steps` steps first (compilation, allocator and optimizer-state warm-up;
+excluded from timing), then the timed steps, each timed on its own. Peak memory covers whole
+steps, optimizer step included: on CUDA the allocator's peak over the timed steps (reset after
+warm-up); on a CPU the tracked tensor memory over the warm-up steps (tracking is too slow to time).
+Quality: the same validation sequences for every cell, evaluated in FP32 with the explicit kernel
+(the technique's window kept), so precision and kernel do not change how quality is measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+
+import torch
+
+from memopt.attention import math_attention, resolve_kernel
+from memopt.config import config_hash, technique_spec
+from memopt.data import Batches, TokenData, eval_sequences
+from memopt.measure import (
+    MIB,
+    StepTimer,
+    TensorMemoryTracker,
+    device_name,
+    is_oom,
+    provenance,
+    summarize,
+)
+from memopt.model import SelfAttention
+from memopt.techniques import Applied, apply_technique, eval_model, set_precision_flags
+
+
+def budget_bytes(cfg: dict) -> float | None:
+    gib = cfg["search"]["memory_budget_gib"]
+    return None if gib is None else gib * 2**30
+
+
+def limit_gpu_memory(cfg: dict, device: str) -> None:
+    """Emulate a smaller card: cap this process's share of the GPU at the configured budget."""
+    budget = budget_bytes(cfg)
+    if device == "cuda" and budget is not None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+
+
+def make_optimizer(model: torch.nn.Module, train_cfg: dict, device: str):
+    # Weight decay on matrices only (not on biases, LayerNorm or position tables' 1-D params).
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": train_cfg["weight_decay"]},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=train_cfg["lr"], betas=(0.9, 0.95), fused=device == "cuda")
+
+
+def lr_at(step: int, train_cfg: dict) -> float:
+    warm = train_cfg["warmup_steps"]
+    return train_cfg["lr"] * (min(1.0, (step + 1) / warm) if warm else 1.0)
+
+
+def train_step(applied: Applied, opt, x, y, step: int, train_cfg: dict) -> torch.Tensor:
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, train_cfg)
+    with applied.autocast:
+        loss = applied.model(x, y)
+    loss.backward()
+    if train_cfg["grad_clip"]:
+        torch.nn.utils.clip_grad_norm_(applied.model.parameters(), train_cfg["grad_clip"])
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+@contextlib.contextmanager
+def _explicit_fp32(model: torch.nn.Module):
+    """Evaluate every technique the same way: FP32, TF32 off, the explicit kernel."""
+    attn = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    saved = [m.attend for m in attn]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    set_precision_flags("fp32")
+    try:
+        for m in attn:
+            m.attend = math_attention
+        yield
+    finally:
+        for m, f in zip(attn, saved):
+            m.attend = f
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, sequences: torch.Tensor, batch_size: int, device: str
+) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    with _explicit_fp32(model):
+        for chunk in sequences.split(batch_size):
+            chunk = chunk.to(device)
+            loss = model(chunk[:, :-1], chunk[:, 1:])
+            total += loss.item() * chunk.size(0)
+            count += chunk.size(0)
+    model.train()
+    return total / count
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _train(cfg, spec, data: TokenData, batch_size: int, device: str) -> dict:
+    train_cfg, seq_len = cfg["train"], cfg["model"]["seq_len"]
+    steps, warmup = train_cfg["steps"], cfg["measure"]["warmup_steps"]
+    applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
+    applied.model.train()
+    torch.manual_seed(train_cfg["seed"])  # the same dropout masks in every cell of this batch size
+    opt = make_optimizer(applied.model, train_cfg, device)
+    batches = Batches(data.train, seq_len, batch_size, train_cfg["seed"], device)
+    losses, timer = [], StepTimer(device)
+    tracker = (
+        TensorMemoryTracker(budget_bytes(cfg), existing=list(applied.model.parameters()))
+        if device == "cpu"
+        else contextlib.nullcontext()
+    )
+    wall0 = time.perf_counter()
+    with tracker:
+        for step in range(warmup):
+            x, y = batches.next()
+            losses.append(train_step(applied, opt, x, y, step, train_cfg))
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(warmup, steps):
+        x, y = batches.next()
+        timer.start()
+        losses.append(train_step(applied, opt, x, y, step, train_cfg))
+        timer.stop()
+    times = timer.times_ms()  # synchronizes on CUDA
+    wall_s = time.perf_counter() - wall0
+    if device == "cuda":
+        peak_alloc = torch.cuda.max_memory_allocated() / MIB
+        peak_reserved = torch.cuda.max_memory_reserved() / MIB
+    else:
+        peak_alloc, peak_reserved = tracker.peak / MIB, None
+    del opt
+    seqs = eval_sequences(data.val, seq_len, train_cfg["eval_sequences"])
+    val_loss = evaluate(eval_model(applied), seqs, train_cfg["eval_batch_size"], device)
+    loss_curve = torch.stack(losses).float().tolist()
+    stats = summarize(times)
+    tokens_per_step = batch_size * seq_len
+    return {
+        "status": "ok",
+        "kernel": applied.kernel,
+        "precision_flags": applied.record,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "timed_steps": len(times),
+        "step_time_ms": stats,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_step / (stats["mean"] / 1e3),
+        "wall_s": wall_s,
+        "peak_allocated_mib": peak_alloc,
+        "peak_reserved_mib": peak_reserved,
+        "val_loss": val_loss,
+        "val_ppl": math.exp(min(val_loss, 50.0)),
+        "final_train_loss": loss_curve[-1],
+        "loss_curve": loss_curve,
+        "error": None,
+    }
+
+
+def run_cell(
+    cfg: dict, technique: str, batch_entry: str, batch_size: int, data: TokenData, device: str
+) -> dict:
+    """Train one cell and return its result dict; out of memory is a result (status `oom`)."""
+    spec = technique_spec(cfg, technique)
+    limit_gpu_memory(cfg, device)
+    result = {
+        "technique": technique,
+        "batch_entry": str(batch_entry),
+        "batch_size": batch_size,
+        "spec": spec,
+        "device": device,
+        "device_name": device_name(device),
+        "seq_len": cfg["model"]["seq_len"],
+        "kernel": resolve_kernel(spec["attention"], spec["window"], device, spec["precision"]),
+    }
+    null_fields = dict.fromkeys(
+        [
+            "steps",
+            "warmup_steps",
+            "timed_steps",
+            "step_time_ms",
+            "tokens_per_step",
+            "tokens_per_s",
+            "wall_s",
+            "peak_allocated_mib",
+            "peak_reserved_mib",
+            "val_loss",
+            "val_ppl",
+            "final_train_loss",
+        ]
+    )
+    oom_message = None
+    if batch_size < 1:
+        oom_message = f"no batch fits ({batch_entry} resolved to {batch_size})"
+    else:
+        try:
+            result.update(_train(cfg, spec, data, batch_size, device))
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            oom_message = str(err).splitlines()[0][:500]
+    if oom_message is not None:
+        result.update(null_fields, status="oom", error=oom_message, loss_curve=[])
+    free_memory(device)
+    result["provenance"] = provenance(device) | {
+        "config_hash": config_hash(
+            {k: cfg[k] for k in ("model", "train", "measure", "search")} | {"technique": spec}
+        )
+    }
+    return result

@@ -1,0 +1,113 @@
+"""Config validation: defaults, the study files, and errors that name the key, value and allowed."""
+
+import pytest
+
+from memopt.config import ROOT_CONFIGS, load_config_file, validate_config
+from memopt.errors import ConfigError
+
+BASE = {"techniques": {"baseline": {}}}
+
+
+@pytest.mark.parametrize("name", ROOT_CONFIGS)
+def test_shipped_studies_validate(name):
+    cfg = validate_config(load_config_file(name))
+    assert cfg["baseline"] in cfg["techniques"]
+
+
+def test_default_study_matches_the_issue():
+    cfg = validate_config(load_config_file(ROOT_CONFIGS[0]))
+    assert cfg["corpus"]["dataset"] == "wolne_lektury_corpus"
+    assert cfg["model"] == {
+        "n_layers": 12,
+        "d_model": 768,
+        "n_heads": 12,
+        "d_ff": 3072,
+        "seq_len": 1024,
+        "dropout": 0.1,
+    }
+    assert cfg["tokenizer"]["vocab_size"] == 32000
+    assert (cfg["train"]["lr"], cfg["train"]["grad_clip"], cfg["train"]["steps"]) == (
+        5e-4,
+        1.0,
+        200,
+    )
+    assert set(cfg["techniques"]) == {
+        "baseline",
+        "bf16",
+        "flash",
+        "local128",
+        "local256",
+        "gradcp",
+        "flash_gradcp",
+    }
+    assert cfg["techniques"]["local128"]["window"] == 128
+    assert cfg["batch_sizes"] == ["same", "max"]
+
+
+def test_defaults_fill_nested_and_per_technique():
+    cfg = validate_config(BASE)
+    assert cfg["device"] == "cuda"
+    assert cfg["train"]["steps"] == 200
+    assert cfg["techniques"]["baseline"] == {
+        "precision": "fp32",
+        "attention": "math",
+        "window": None,
+        "checkpointing": "none",
+        "checkpoint_every": 2,
+        "compile": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        (
+            {"techniques": {"baseline": {"precison": "fp32"}}},
+            ["unknown key 'precison'", "techniques.baseline", "allowed:", "precision"],
+        ),
+        (
+            {"techniques": {"baseline": {"precision": "fp8"}}},
+            ["techniques.baseline.precision", "'fp8'", "'bf16'"],
+        ),
+        (
+            {"techniques": {"baseline": {"window": 4096}}},
+            ["techniques.baseline.window", "4096", "model.seq_len", "1..1024"],
+        ),
+        ({"train": {"steps": -3}}, ["train.steps", "-3", ">= 1"]),
+        ({"corpus": {"source": "ftp"}}, ["corpus.source", "'ftp'", "'mirror'"]),
+        ({"corpus": {"source": "mirror"}}, ["corpus.mirror", "mirror"]),
+        ({"batch_sizes": ["same", "huge"]}, ["batch_sizes[1]", "'huge'", "'max'"]),
+        ({"model": {"n_heads": 5}}, ["model.n_heads", "5", "divisor of 768"]),
+        ({"colour": "red"}, ["unknown key 'colour'", "allowed:", "techniques"]),
+        ({"baseline": "nope"}, ["baseline", "'nope'"]),
+        (
+            {"techniques": {"baseline": {"attention": "flash", "window": 8}}},
+            ["techniques.baseline.attention", "'flash'", "flex"],
+        ),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(override, fragments):
+    raw = {**BASE, **override}
+    with pytest.raises(ConfigError) as err:
+        validate_config(raw)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_strings_from_snakemake_config_overrides_are_coerced():
+    # `--config "search={'memory_budget_gib': 0.5}"` reaches the Snakefile with '0.5' (BaseLoader).
+    cfg = validate_config(
+        {
+            **BASE,
+            "search": {"memory_budget_gib": "0.5", "max_batch": "64"},
+            "corpus": {"mirror": "null"},
+            "batch_sizes": ["same", "16"],
+            "techniques": {"baseline": {"window": "8", "compile": "false"}},
+        }
+    )
+    assert cfg["search"]["memory_budget_gib"] == 0.5 and cfg["search"]["max_batch"] == 64
+    assert cfg["corpus"]["mirror"] is None and cfg["batch_sizes"] == ["same", 16]
+    assert cfg["techniques"]["baseline"]["window"] == 8
+    assert cfg["techniques"]["baseline"]["compile"] is False
+    with pytest.raises(ConfigError, match="train.steps: 'many'"):
+        validate_config({**BASE, "train": {"steps": "many"}})

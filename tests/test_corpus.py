@@ -1,0 +1,258 @@
+"""memopt.corpus against fixture mirrors on disk and on loopback HTTP; never the real internet."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import socket
+import threading
+import time
+import unicodedata
+from contextlib import contextmanager
+from datetime import datetime
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from speakleash.config_loader import ConfigLoader
+
+from memopt.corpus import normalize_text, prepare_corpus
+from memopt.errors import CorpusError
+
+
+def corpus_cfg(fixture, **overrides) -> dict:
+    """A filled-in corpus config section reading `fixture` (a conftest Mirror) as a directory."""
+    cfg = {
+        "source": "mirror",
+        "dataset": fixture.dataset,
+        "mirror": str(fixture.path),
+        "quality": ["HIGH", "MEDIUM"],
+        "min_chars": 200,
+        "max_documents": None,
+        "max_chars": None,
+        "val_fraction": 0.2,
+        "timeout_s": 15,
+    }
+    return cfg | overrides
+
+
+def run(cfg, tmp_path, tag="out"):
+    out = tmp_path / tag
+    stats = prepare_corpus(
+        cfg, out / "train.jsonl", out / "val.jsonl", out / "stats.json", tmp_path / "cache"
+    )
+
+    def read(name):
+        return [json.loads(line) for line in (out / name).read_text("utf-8").splitlines()]
+
+    return stats, read("train.jsonl"), read("val.jsonl"), out
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def serve(directory, handler=_QuietHandler):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=directory))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_directory_mirror(speakleash_mirror, speakleash_documents, tmp_path):
+    stats, train, val, out = run(corpus_cfg(speakleash_mirror), tmp_path)
+    assert stats["base_url"] == str(speakleash_mirror.path.resolve())
+    assert stats["documents_in"] == 12 and stats["dropped_quality"] == 1
+    assert stats["dropped_short"] == 1 and stats["quality_labels_seen"] is True
+    assert stats["train"]["documents"] == 8 and stats["val"]["documents"] == 2  # round(0.2 * 10)
+    assert stats["license"] == "CC0 (test fixture)"
+    assert json.loads((out / "stats.json").read_text("utf-8")) == stats
+    ids = {d["id"] for d in train + val}
+    assert len(ids) == 10 and "doc01" in ids and "doc05" not in ids
+    unnamed = _doc(train + val, speakleash_documents[11][0])
+    assert unnamed["id"] == hashlib.sha256(unnamed["text"].encode()).hexdigest()[:16]
+    assert stats["train"]["characters"] == sum(len(d["text"]) for d in train)
+    assert stats["val"]["words"] == sum(len(d["text"].split()) for d in val)
+    assert {d["meta"]["quality"] for d in train + val} == {"HIGH", "MEDIUM"}
+
+
+def _doc(docs, raw_text):
+    return next(d for d in docs if d["text"] == normalize_text(raw_text))
+
+
+def test_http_mirror_gives_the_same_files(speakleash_mirror, tmp_path):
+    _, train_dir, val_dir, _ = run(corpus_cfg(speakleash_mirror), tmp_path, "dir")
+    with serve(speakleash_mirror.path) as url:
+        stats, train, val, _ = run(corpus_cfg(speakleash_mirror, mirror=url), tmp_path, "http")
+    assert stats["base_url"] == url
+    assert (train, val) == (train_dir, val_dir)
+
+
+def test_normalize_text():
+    assert normalize_text("roz\u00adpo\u00adczę\u00adcie") == "rozpoczęcie"
+    nfd = unicodedata.normalize("NFD", "zażółć gęślą jaźń")
+    assert nfd != "zażółć gęślą jaźń" and normalize_text(nfd) == "zażółć gęślą jaźń"
+    messy = "  a\u00a0\u00a0b\t\tc  \r\n\r\n\r\n\r\nd   \re\u2028f\n\n\n\n  "
+    assert normalize_text(messy) == "a b c\n\nd\ne\nf"
+    assert normalize_text("\ufeffx\u200by") == "xy"
+
+
+def test_documents_are_normalized(speakleash_mirror, tmp_path):
+    _, train, val, _ = run(corpus_cfg(speakleash_mirror), tmp_path)
+    texts = {d["id"]: d["text"] for d in train + val}
+    assert texts["doc01"].startswith("Przykład: rozpoczęcie. ")
+    assert texts["doc02"] == unicodedata.normalize("NFC", texts["doc02"])
+    assert texts["doc03"].startswith("Początek z tabem.\n\nŚrodek linii.\n")
+    for text in texts.values():
+        assert "\u00ad" not in text and "\r" not in text and "\n\n\n" not in text
+        assert "  " not in text and " \n" not in text and text == text.strip()
+
+
+def test_quality_and_min_chars(speakleash_mirror, tmp_path):
+    cfg = corpus_cfg(speakleash_mirror, quality=["HIGH", "MEDIUM", "LOW"], min_chars=0)
+    stats, train, val, _ = run(cfg, tmp_path)
+    assert stats["dropped_quality"] == 0 and stats["dropped_short"] == 0
+    assert len(train + val) == 12
+    stats, train, val, _ = run(corpus_cfg(speakleash_mirror, quality=["MEDIUM"]), tmp_path)
+    assert stats["dropped_quality"] == 10  # 12 docs: 9 HIGH, 2 MEDIUM, 1 LOW
+    assert sorted(d["meta"]["quality"] for d in train + val) == ["MEDIUM", "MEDIUM"]
+
+
+def test_documents_without_quality_labels_are_kept(
+    make_speakleash_mirror, speakleash_documents, tmp_path
+):
+    docs = [(text, {"name": meta.get("name", "x")}) for text, meta in speakleash_documents]
+    stats, train, val, _ = run(corpus_cfg(make_speakleash_mirror(docs)), tmp_path)
+    assert stats["quality_labels_seen"] is False and stats["dropped_quality"] == 0
+    assert len(train + val) == 11
+
+
+def test_caps(speakleash_mirror, speakleash_documents, tmp_path):
+    stats, train, val, _ = run(corpus_cfg(speakleash_mirror, max_documents=3), tmp_path)
+    assert len(train + val) == 3 and stats["capped"] == "max_documents"
+    assert {d["id"] for d in train + val} == {"doc00", "doc01", "doc02"}  # source order
+
+    full, *_ = run(corpus_cfg(speakleash_mirror), tmp_path, "full")
+    assert full["capped"] is None and full["truncated"] is False
+    # doc00 + doc01 hold 1705 characters; doc02 crosses 2000 and is cut to fit at a break.
+    stats, train, val, _ = run(corpus_cfg(speakleash_mirror, max_chars=2000), tmp_path, "chars")
+    docs = {d["id"]: d["text"] for d in train + val}
+    assert stats["capped"] == "max_chars" and stats["truncated"] is True
+    assert set(docs) == {"doc00", "doc01", "doc02"}
+    assert 1705 + 200 <= sum(map(len, docs.values())) <= 2000
+    full_doc02 = normalize_text(speakleash_documents[2][0])
+    assert full_doc02.startswith(docs["doc02"]) and len(docs["doc02"]) < len(full_doc02)
+
+
+def test_split_is_deterministic_and_independent_of_source_order(
+    make_speakleash_mirror, speakleash_documents, tmp_path
+):
+    docs = speakleash_documents
+    _, train_a, val_a, _ = run(corpus_cfg(make_speakleash_mirror(docs)), tmp_path, "a")
+    _, train_b, val_b, _ = run(corpus_cfg(make_speakleash_mirror(docs[::-1])), tmp_path, "b")
+    assert (train_a, val_a) == (train_b, val_b)
+    assert not {d["id"] for d in train_a} & {d["id"] for d in val_a}
+
+
+def test_unknown_dataset_lists_available(speakleash_mirror, tmp_path):
+    with pytest.raises(CorpusError, match="not offered") as err:
+        run(corpus_cfg(speakleash_mirror, dataset="nope"), tmp_path)
+    assert "corpus.dataset" in str(err.value)
+    assert f"available: {speakleash_mirror.dataset}, fixture_other" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("mirror", "match"),
+    [(None, "needs a directory"), ("/no/such/dir", "not a directory"), ("ftp://x/", "allowed")],
+)
+def test_bad_mirror(speakleash_mirror, tmp_path, mirror, match):
+    with pytest.raises(CorpusError, match=match) as err:
+        run(corpus_cfg(speakleash_mirror, mirror=mirror), tmp_path)
+    assert "corpus.mirror" in str(err.value)
+
+
+def test_mirror_dir_without_dataset_list(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match="corpus.mirror: .* has no speakleash.json"):
+        prepare_corpus(
+            {"source": "mirror", "mirror": str(tmp_path / "empty"), "dataset": "x"},
+            tmp_path / "t",
+            tmp_path / "v",
+            tmp_path / "s",
+            tmp_path / "c",
+        )
+
+
+def test_too_few_documents(speakleash_mirror, tmp_path):
+    with pytest.raises(CorpusError, match="corpus.min_chars"):
+        run(corpus_cfg(speakleash_mirror, min_chars=100_000), tmp_path)
+
+
+def test_closed_mirror_port_fails_fast_with_advice(speakleash_mirror, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(CorpusError, match="could not be reached") as err:
+        run(corpus_cfg(speakleash_mirror, mirror="http://127.0.0.1:9/", timeout_s=2), tmp_path)
+    assert time.monotonic() - start < 20
+    assert "--config \"corpus={'source': 'mirror', 'mirror': DIR" in str(err.value)
+
+
+@pytest.fixture
+def silent_server():
+    """A loopback port that accepts connections and never answers: a hung speakleash host."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+
+
+def test_unresponsive_speakleash_host_fails_fast(
+    speakleash_mirror, tmp_path, monkeypatch, silent_server
+):
+    config = {"url_datasets_text_pl": silent_server}
+    monkeypatch.setattr(ConfigLoader, "load_config", staticmethod(lambda: config))
+    cfg = corpus_cfg(speakleash_mirror, source="speakleash", mirror=None, timeout_s=1)
+    start = time.monotonic()
+    with pytest.raises(CorpusError, match="could not be reached") as err:
+        run(cfg, tmp_path)
+    assert time.monotonic() - start < 20
+    assert "'source': 'mirror'" in str(err.value) and speakleash_mirror.dataset in str(err.value)
+
+
+def test_hung_download_times_out(speakleash_mirror, tmp_path):
+    release = threading.Event()
+
+    class HangOnData(_QuietHandler):
+        def do_GET(self):
+            if self.path.endswith(".jsonl.zst"):
+                release.wait(30)  # speakleash itself would wait forever here
+                return
+            super().do_GET()
+
+    start = time.monotonic()
+    try:
+        with (
+            serve(speakleash_mirror.path, HangOnData) as url,
+            pytest.raises(CorpusError, match="download"),
+        ):
+            run(corpus_cfg(speakleash_mirror, mirror=url, timeout_s=1), tmp_path)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 20
+    assert not (tmp_path / "cache" / f"{speakleash_mirror.dataset}.jsonl.zst").exists()
+
+
+def test_cached_failure_is_not_reused(speakleash_mirror, tmp_path):
+    with serve(speakleash_mirror.path) as url:
+        # What speakleash leaves behind after a failed fetch of the dataset list this hour.
+        key = hashlib.md5((url + "speakleash.json").encode()).hexdigest()
+        stamp = datetime.now().strftime("-%m_%d_%y_%H")
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache" / f"{key}{stamp}.json").write_text("null")
+        stats, *_ = run(corpus_cfg(speakleash_mirror, mirror=url), tmp_path)
+    assert stats["documents_in"] == 12

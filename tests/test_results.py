@@ -1,0 +1,275 @@
+"""Aggregation of cell JSONs into summary.csv, and the atomic JSON helpers.
+
+Also home of the synthetic-study builder that test_figures.py and test_paper.py import.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from memopt.errors import MemoptError
+from memopt.results import aggregate, loss_curves, read_json, write_json
+
+# Not alphabetical, so the tests see that rows keep the techniques' input order.
+TECHNIQUES = {
+    "baseline": {"precision": "fp32", "attention": "math", "window": None, "checkpointing": "none"},
+    "flash_gradcp": {
+        "precision": "bf16",
+        "attention": "flash",
+        "window": None,
+        "checkpointing": "full",
+    },
+    "local128": {"precision": "bf16", "attention": "flex", "window": 128, "checkpointing": "none"},
+}
+SAME_BATCH = 8
+MAX_BATCH = {"baseline": 8, "flash_gradcp": 64, "local128": 24}
+OOM = {("flash_gradcp", "max")}  # the search's maximum did not survive the full run
+
+
+def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -> dict:
+    """One cell JSON as the training step writes it, with distinct, awkward numbers per cell."""
+    k = list(TECHNIQUES).index(technique) + 1 + (0.5 if entry == "max" else 0)
+    ok = status == "ok"
+    spec = {**TECHNIQUES[technique], "checkpoint_every": 2, "compile": False}
+    step = {
+        "mean": 101.234 * k,
+        "median": 100.9 * k,
+        "std": 3.456 * k,
+        "p10": 98.0 * k,
+        "p90": 104.5 * k,
+    }
+    return {
+        "technique": technique,
+        "batch_entry": entry,
+        "batch_size": batch_size,
+        "status": status,
+        "spec": spec,
+        "kernel": spec["attention"] if ok else None,
+        "device": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "steps": 12,
+        "warmup_steps": 2,
+        "timed_steps": 10,
+        "seq_len": 64,
+        "tokens_per_step": batch_size * 64,
+        "step_time_ms": step if ok else None,
+        "tokens_per_s": 12345.678 / k if ok else None,
+        "wall_s": 3.21 * k if ok else None,
+        "peak_allocated_mib": 23456.789 / k if ok else None,
+        "peak_reserved_mib": 24000.5 / k if ok else None,
+        "val_loss": 5.4321 + k / 100 if ok else None,
+        "val_ppl": math.exp(5.4321 + k / 100) if ok else None,
+        "final_train_loss": 5.5 if ok else None,
+        "loss_curve": [8.0 - 0.2 * i - 0.05 * k for i in range(12)] if ok else [],
+        "error": None if ok else "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "provenance": {
+            "torch": "2.5.1",
+            "python": "3.11.2",
+            "cuda": "12.4",
+            "gpu": "H100",
+            "git_commit": "abc123",
+            "config_hash": "cfg_0001",
+            "memopt": "0.1.0",
+        },
+    }
+
+
+def make_search(technique: str) -> dict:
+    top = MAX_BATCH[technique]
+    trials = [
+        {"batch": b, "fits": True, "peak_mib": 100.0 * b, "seconds": 0.5} for b in (1, 2, 4, 8)
+    ]
+    trials = [t for t in trials if t["batch"] <= top] + [
+        {"batch": top, "fits": True, "peak_mib": 100.0 * top, "seconds": 0.5},
+        {"batch": top * 2, "fits": False, "peak_mib": None, "seconds": 0.2},
+    ]
+    return {
+        "technique": technique,
+        "status": "ok",
+        "max_batch": top,
+        "cap": 1024,
+        "budget_mib": 81559.0,
+        "device": "cuda",
+        "seconds": 4.25,
+        "trials": trials,
+    }
+
+
+STATS = {
+    "dataset": "eltec_pol_mini",
+    "source": "mirror",
+    "documents_in": 5,
+    "train": {"documents": 4, "characters": 480_000, "words": 80_000},
+    "val": {"documents": 1, "characters": 120_000, "words": 20_000},
+    "license": "public domain texts; ELTeC encoding CC BY 4.0",
+    "description": (
+        "ELTeC-pol v1.0.0 (COST Action CA16204), DOI 10.5281/zenodo.4662725; "
+        "100% Polish & more: powieści, zażółć"
+    ),
+}
+META = {
+    "vocab_size": 512,
+    "dtype": "uint16",
+    "eos_id": 1,
+    "train_tokens": 160_000,
+    "val_tokens": 40_000,
+    "tokenizer_sha256": "f" * 64,
+}
+CONFIG = {
+    "device": "cuda",
+    "model": {
+        "n_layers": 2,
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 256,
+        "seq_len": 64,
+        "dropout": 0.1,
+    },
+    "train": {
+        "steps": 12,
+        "lr": 0.0005,
+        "warmup_steps": 2,
+        "weight_decay": 0.1,
+        "grad_clip": 1.0,
+        "seed": 1234,
+        "eval_sequences": 8,
+        "eval_batch_size": 4,
+    },
+    "measure": {"warmup_steps": 2},
+    "search": {"memory_budget_gib": None, "max_batch": 1024, "trial_steps": 2},
+    "baseline": "baseline",
+    "batch_sizes": ["same", "max"],
+    "techniques": {
+        name: {k: v for k, v in spec.items() if v is not None} for name, spec in TECHNIQUES.items()
+    },
+}
+
+
+def write_study(root: Path) -> dict:
+    """Write a whole synthetic study under root; return its input paths (cells in config order,
+    but `max` before `same`, so sorting entries is exercised)."""
+    cells = []
+    for technique in TECHNIQUES:
+        for entry, batch in (("max", MAX_BATCH[technique]), ("same", SAME_BATCH)):
+            status = "oom" if (technique, entry) in OOM else "ok"
+            path = root / "results" / "cells" / technique / f"{entry}.json"
+            write_json(path, make_cell(technique, entry, batch, status))
+            cells.append(path)
+    searches = []
+    for technique in TECHNIQUES:
+        path = root / "results" / "search" / f"{technique}.json"
+        write_json(path, make_search(technique))
+        searches.append(path)
+    write_json(root / "data" / "corpus" / "stats.json", STATS)
+    write_json(root / "data" / "tokens" / "meta.json", META)
+    return {
+        "cells": cells,
+        "searches": searches,
+        "stats": root / "data/corpus/stats.json",
+        "meta": root / "data/tokens/meta.json",
+        "summary": root / "results" / "summary.csv",
+    }
+
+
+# ---------------------------------------------------------------- tests
+
+BRIEF_COLUMNS = [
+    "technique",
+    "batch_entry",
+    "batch_size",
+    "status",
+    "precision",
+    "attention",
+    "window",
+    "checkpointing",
+    "compile",
+    "kernel",
+    "device",
+    "device_name",
+    "steps",
+    "timed_steps",
+    "seq_len",
+    "tokens_per_step",
+    "step_time_ms_mean",
+    "step_time_ms_median",
+    "step_time_ms_std",
+    "step_time_ms_p10",
+    "step_time_ms_p90",
+    "tokens_per_s",
+    "wall_s",
+    "peak_allocated_mib",
+    "peak_reserved_mib",
+    "val_loss",
+    "val_ppl",
+    "final_train_loss",
+]
+
+
+def test_aggregate_rows_columns_values(tmp_path):
+    study = write_study(tmp_path)
+    frame = aggregate(study["cells"], study["summary"])
+    assert set(BRIEF_COLUMNS) <= set(frame.columns)
+    order = [(t, e) for t in TECHNIQUES for e in ("same", "max")]
+    assert list(zip(frame["technique"], frame["batch_entry"])) == order
+
+    on_disk = pd.read_csv(study["summary"], dtype={"batch_entry": str})
+    assert list(zip(on_disk["technique"], on_disk["batch_entry"])) == order
+    for (technique, entry), row in zip(order, on_disk.to_dict(orient="records")):
+        cell = json.loads((tmp_path / f"results/cells/{technique}/{entry}.json").read_text())
+        assert row["batch_size"] == cell["batch_size"]
+        assert row["status"] == cell["status"]
+        assert row["attention"] == cell["spec"]["attention"]
+        if cell["status"] == "ok":
+            assert row["step_time_ms_std"] == pytest.approx(cell["step_time_ms"]["std"], rel=1e-12)
+            assert row["peak_allocated_mib"] == pytest.approx(cell["peak_allocated_mib"], rel=1e-12)
+            assert row["val_ppl"] == pytest.approx(cell["val_ppl"], rel=1e-12)
+        else:  # oom: no numbers, never zeros, and the message is kept
+            assert math.isnan(row["peak_allocated_mib"]) and math.isnan(row["tokens_per_s"])
+            assert "out of memory" in row["error"]
+    assert on_disk.loc[on_disk["technique"] == "local128", "window"].tolist() == [128, 128]
+    assert str(frame["batch_size"].dtype) == "Int64"  # 64, not 64.0, in the CSV
+    raw = pd.read_csv(study["summary"], dtype=str)
+    assert raw["batch_size"].tolist() == ["8", "8", "8", "64", "8", "24"]
+
+
+@pytest.mark.parametrize("drop", ["peak_reserved_mib", "spec.window", "step_time_ms.p90"])
+def test_missing_key_names_file_and_key(tmp_path, drop):
+    study = write_study(tmp_path)
+    bad = study["cells"][1]
+    cell = json.loads(bad.read_text())
+    parent, _, key = drop.rpartition(".")
+    del (cell[parent] if parent else cell)[key]
+    write_json(bad, cell)
+    with pytest.raises(MemoptError) as err:
+        aggregate(study["cells"], study["summary"])
+    assert str(bad) in str(err.value) and f"'{drop}'" in str(err.value)
+    assert not study["summary"].exists()
+
+
+def test_duplicate_cell_is_an_error(tmp_path):
+    study = write_study(tmp_path)
+    with pytest.raises(MemoptError, match="two cell JSONs"):
+        aggregate(study["cells"] + study["cells"][:1], study["summary"])
+
+
+def test_json_helpers_roundtrip_atomically(tmp_path):
+    path = tmp_path / "deep" / "x.json"
+    obj = {"zażółć": "gęślą jaźń", "n": [1, 2.5, None]}
+    write_json(path, obj)
+    assert read_json(path) == obj
+    assert "zażółć" in path.read_text(encoding="utf-8")  # ensure_ascii=False
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temp file left behind
+    path.write_text("{not json")
+    with pytest.raises(MemoptError, match="not valid JSON"):
+        read_json(path)
+
+
+def test_loss_curves(tmp_path):
+    study = write_study(tmp_path)
+    curves = loss_curves(study["cells"])
+    assert len(curves) == 6
+    assert len(curves[("baseline", "same")]) == 12
+    assert curves[("flash_gradcp", "max")] == []

@@ -1,0 +1,121 @@
+"""Cells and the batch-size search on a CPU, against tracked tensor memory."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from memopt.config import validate_config
+from memopt.data import TokenData
+from memopt.errors import KernelUnavailable, MemoptError
+from memopt.measure import MemoryBudgetExceeded, TensorMemoryTracker
+from memopt.pipeline import resolve_batch
+from memopt.search import search_max_batch
+from memopt.train import run_cell
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(0)
+    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(d / "train.bin")
+    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    return TokenData(d)
+
+
+def study(**techniques):
+    return validate_config(
+        {
+            "device": "cpu",
+            "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
+            "train": {"steps": 6, "warmup_steps": 2, "eval_sequences": 4, "eval_batch_size": 2},
+            "measure": {"warmup_steps": 2},
+            "search": {"memory_budget_gib": 8 / 1024, "max_batch": 512},
+            "techniques": techniques or {"baseline": {}},
+            "baseline": next(iter(techniques or {"baseline": 0})),
+        }
+    )
+
+
+def test_tracker_counts_live_storages_and_enforces_the_budget():
+    with TensorMemoryTracker() as tr:
+        a = torch.empty(2**18)  # 1 MiB
+        b = a.view(-1)  # a view costs nothing
+        del a, b
+        c = torch.empty(2**17)
+    assert tr.peak == 2**20 and tr.current == 2**19
+    del c
+    with pytest.raises(MemoryBudgetExceeded), TensorMemoryTracker(budget_bytes=2**20):
+        torch.empty(2**19)
+        torch.empty(2**19)
+
+
+def test_cell_measures_everything_and_is_reproducible(tokens):
+    cfg = study(baseline={}, bf16={"precision": "bf16", "attention": "auto"})
+    a = run_cell(cfg, "baseline", "4", 4, tokens, "cpu")
+    assert a["status"] == "ok" and a["kernel"] == "math" and a["timed_steps"] == 4
+    assert len(a["loss_curve"]) == 6 and a["peak_allocated_mib"] > 0
+    assert a["val_ppl"] == pytest.approx(np.exp(a["val_loss"]))
+    assert a["tokens_per_s"] == pytest.approx(4 * 32 / (a["step_time_ms"]["mean"] / 1e3))
+    b = run_cell(cfg, "baseline", "4", 4, tokens, "cpu")
+    assert a["loss_curve"] == b["loss_curve"] and a["val_loss"] == b["val_loss"]
+    c = run_cell(cfg, "bf16", "4", 4, tokens, "cpu")
+    assert c["kernel"] == "flash" and c["loss_curve"][0] == pytest.approx(
+        a["loss_curve"][0], rel=1e-2
+    )
+
+
+def test_out_of_memory_is_a_result_not_a_crash(tokens):
+    res = run_cell(study(), "baseline", "max", 4096, tokens, "cpu")
+    assert res["status"] == "oom" and "budget" in res["error"] and res["val_loss"] is None
+
+
+def test_other_errors_are_errors(tokens):
+    with pytest.raises(KernelUnavailable):
+        run_cell(study(local={"attention": "flex", "window": 8}), "local", "4", 4, tokens, "cpu")
+
+
+def test_search_is_exact_and_records_both_trials(tokens):
+    res = search_max_batch(study(), "baseline", tokens, "cpu", progress=lambda m: None)
+    best = res["max_batch"]
+    assert res["status"] == "ok" and best > 1 and res["first_failing_batch"] == best + 1
+    by_batch = {t["batch"]: t["fits"] for t in res["trials"]}
+    assert by_batch[best] is True and by_batch[best + 1] is False
+    assert all(fits == (b <= best) for b, fits in by_batch.items())
+
+
+def test_search_cap_and_none_fits(tokens):
+    cfg = study()
+    cfg["search"]["max_batch"] = 3
+    assert search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)["status"] == "capped"
+    cfg["search"].update(max_batch=512, memory_budget_gib=1e-6)
+    res = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
+    assert (res["status"], res["max_batch"]) == ("none_fits", 0)
+    cfg["search"]["memory_budget_gib"] = None
+    with pytest.raises(MemoptError, match="search.memory_budget_gib"):
+        search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
+
+
+def test_search_does_not_depend_on_order(tokens):
+    cfg = study(baseline={}, gradcp={"checkpointing": "full"})
+    first = [
+        search_max_batch(cfg, t, tokens, "cpu", lambda m: None)["max_batch"]
+        for t in ("baseline", "gradcp")
+    ]
+    second = [
+        search_max_batch(cfg, t, tokens, "cpu", lambda m: None)["max_batch"]
+        for t in ("gradcp", "baseline")
+    ][::-1]
+    assert first == second and first[1] > first[0]  # checkpointing fits a larger batch
+
+
+def test_resolve_batch(tmp_path):
+    (tmp_path / "b.json").write_text(json.dumps({"max_batch": 40}))
+    (tmp_path / "t.json").write_text(json.dumps({"max_batch": 90}))
+    assert resolve_batch("same", tmp_path / "t.json", tmp_path / "b.json") == 40
+    assert resolve_batch("max", tmp_path / "t.json", tmp_path / "b.json") == 90
+    assert resolve_batch("12", None, None) == 12
+    with pytest.raises(MemoptError, match="run the search"):
+        resolve_batch("max", tmp_path / "missing.json", None)

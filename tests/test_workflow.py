@@ -1,0 +1,270 @@
+"""End to end through Snakemake: the smoke study, corpus to paper, on a fixture corpus served as a
+mirror directory and over loopback HTTP; then what a rerun rebuilds, read off dry runs."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import DATASET, _prose, write_speakleash_mirror
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+pytestmark = pytest.mark.slow
+
+# The smoke study, smaller still, so the whole DAG runs twice in a few minutes on 2 cores.
+TINY = {
+    "tokenizer": {"vocab_size": 400, "train_chars": 200_000},
+    "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
+    "train": {"steps": 8, "warmup_steps": 2, "eval_sequences": 8, "eval_batch_size": 4},
+    "measure": {"warmup_steps": 3},
+    "search": {"memory_budget_gib": 0.008, "max_batch": 128},
+}
+
+
+def deep_update(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        base[k] = deep_update(base.get(k, {}), v) if isinstance(v, dict) else v
+    return base
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    docs = [
+        (_prose(i, n_paragraphs=25), {"name": f"doc{i:02d}", "quality": "HIGH"}) for i in range(10)
+    ]
+    return write_speakleash_mirror(tmp_path_factory.mktemp("mirror"), docs)
+
+
+def workdir(tmp: Path, corpus: dict, techniques: list[str] | None = None) -> Path:
+    """A copy of the workflow (so edits stay local) with a study config for the fixture corpus."""
+    for part in (
+        "Snakefile",
+        "config.yaml",
+        "config",
+        "workflow",
+        "src",
+        "paper/templates",
+        "envs",
+    ):
+        src, dst = ROOT / part, tmp / part
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    study = deep_update(yaml.safe_load((ROOT / "config/smoke.yaml").read_text()), TINY)
+    study["device"] = "cpu"
+    study["corpus"].update(corpus)
+    if techniques:
+        study["techniques"] = {k: v for k, v in study["techniques"].items() if k in techniques}
+    (tmp / "study.yaml").write_text(yaml.safe_dump(study))
+    return tmp
+
+
+def snakemake(wd: Path, *args, check=True) -> subprocess.CompletedProcess:
+    # Targets first: --resources would take a target written after it as one more resource.
+    cmd = SNAKEMAKE + [*args, "--cores", "2", "--resources", "gpu=1", "--configfile", "study.yaml"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def planned(wd: Path, *args) -> dict[str, int]:
+    """Jobs a dry run would run, per rule (empty when there is nothing to do)."""
+    proc = snakemake(wd, "-n", *args)
+    out = proc.stdout + proc.stderr
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M))
+    jobs.pop("total", None)
+    return {k: int(v) for k, v in jobs.items()}
+
+
+def check_outputs(wd: Path, techniques: list[str]) -> list[dict]:
+    with open(wd / "results/summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["technique"], r["batch_entry"]) for r in rows] == [
+        (t, b) for t in techniques for b in ("same", "max")
+    ]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert float(r["peak_allocated_mib"]) > 0 and float(r["tokens_per_s"]) > 0
+        assert 1 < float(r["val_ppl"]) < 1000
+    paper = (wd / "paper/paper.md").read_text()
+    tex = (wd / "paper/paper.tex").read_text()
+    assert "\\begin{document}" in tex and "\\end{document}" in tex
+    for r in rows:
+        assert r["technique"].replace("_", "\\_") in tex and r["technique"] in paper
+    for name in ("memory", "throughput", "loss"):
+        assert (wd / f"paper/figures/{name}.png").stat().st_size > 1000
+        assert (wd / f"paper/figures/{name}.pdf").stat().st_size > 1000
+    return rows
+
+
+@pytest.fixture(scope="module")
+def smoke(mirror, tmp_path_factory):
+    wd = workdir(
+        tmp_path_factory.mktemp("smoke"),
+        {"source": "mirror", "mirror": str(mirror.path), "dataset": DATASET},
+    )
+    t0 = time.time()
+    snakemake(wd)
+    return wd, time.time() - t0
+
+
+def test_smoke_study_from_a_mirror_directory(smoke):
+    wd, seconds = smoke
+    techniques = list(yaml.safe_load((wd / "study.yaml").read_text())["techniques"])
+    rows = check_outputs(wd, techniques)
+    same = {r["technique"]: int(r["batch_size"]) for r in rows if r["batch_entry"] == "same"}
+    assert len(set(same.values())) == 1  # `same` is the baseline's maximum for every technique
+    assert seconds < 600
+
+
+def test_second_run_does_nothing(smoke):
+    assert planned(smoke[0]) == {}
+
+
+@contextlib.contextmanager
+def edited(*paths: Path):
+    """Really edit files (Snakemake 9 compares checksums, not only times), then restore them."""
+    saved = {p: p.read_bytes() for p in paths}
+    for p in paths:
+        p.write_bytes(saved[p] + b"\n")
+    try:
+        yield
+    finally:
+        for p, content in saved.items():
+            p.write_bytes(content)
+
+
+def test_template_edit_reruns_only_the_render(smoke):
+    wd = smoke[0]
+    with edited(wd / "paper/templates/paper.md.j2"):
+        assert planned(wd) == {"render": 1, "all": 1}
+
+
+def test_paper_code_edit_does_not_retrain(smoke):
+    wd = smoke[0]
+    with edited(wd / "src/memopt/paper.py"):
+        assert planned(wd) == {"render": 1, "all": 1}
+    with edited(wd / "src/memopt/figures.py"):
+        assert planned(wd) == {"figures": 1, "render": 1, "all": 1}
+
+
+def test_training_code_edit_retrains(smoke):
+    wd = smoke[0]
+    n = len(yaml.safe_load((wd / "study.yaml").read_text())["techniques"])
+    with edited(wd / "src/memopt/train.py"):
+        jobs = planned(wd)
+    assert jobs["search"] == n and jobs["cell"] == 2 * n and "corpus" not in jobs
+
+
+def test_one_technique_change_reruns_only_that_technique(smoke):
+    wd = smoke[0]
+    assert planned(wd) == {}
+    change = ["--config", "techniques={'local16': {'window': 8}}"]
+    assert planned(wd, *change) == {
+        "search": 1,
+        "cell": 2,
+        "aggregate": 1,
+        "figures": 1,
+        "render": 1,
+        "all": 1,
+    }
+    proc = snakemake(wd, "-n", *change)
+    assert "output: results/search/local16.json" in proc.stdout
+    assert "output: results/search/baseline.json" not in proc.stdout
+
+
+def test_named_targets(smoke):
+    wd = smoke[0]
+    assert planned(wd, "technique_gradcp") == {}
+    # --forcerun takes several values: the target goes first.
+    assert planned(wd, "technique_gradcp", "--forcerun", "results/search/gradcp.json") == {
+        "search": 1,
+        "cell": 2,
+        "technique_gradcp": 1,
+    }
+    assert planned(wd, "--forcerun", "results/search/gradcp.json") == {
+        "search": 1,
+        "cell": 2,
+        "aggregate": 1,
+        "figures": 1,
+        "render": 1,
+        "all": 1,
+    }
+    assert planned(wd, "paper", "--forcerun", "render") == {"render": 1, "paper": 1}
+
+
+def test_bad_config_stops_before_the_dag(smoke):
+    proc = snakemake(smoke[0], "-n", "--config", "train={'steps': -5}", check=False)
+    assert proc.returncode != 0
+    assert "train.steps: -5 is not allowed; allowed: a number >= 1" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@contextlib.contextmanager
+def http_server(directory: Path):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+
+
+def test_smoke_study_from_a_mirror_over_http(mirror, tmp_path):
+    with http_server(mirror.path) as url:
+        wd = workdir(
+            tmp_path,
+            {"source": "mirror", "mirror": url, "dataset": DATASET},
+            techniques=["baseline", "flash"],
+        )
+        snakemake(wd)
+    check_outputs(wd, ["baseline", "flash"])
+    assert url in (wd / "data/corpus/stats.json").read_text()
+
+
+def test_default_study_dry_run_and_cpu_refusal(mirror, tmp_path):
+    wd = workdir(tmp_path, {})
+    default = SNAKEMAKE + ["--cores", "2", "--resources", "gpu=1"]
+    proc = subprocess.run(default + ["-n"], cwd=wd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^cell\s+14$", proc.stdout, re.M) and re.search(
+        r"^search\s+7$", proc.stdout, re.M
+    )
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU is present: the CPU refusal cannot be shown here")
+    corpus = f"corpus={{'source': 'mirror', 'mirror': '{mirror.path}', 'dataset': '{DATASET}'}}"
+    target = SNAKEMAKE + ["results/search/baseline.json"] + default[len(SNAKEMAKE) :]
+    proc = subprocess.run(
+        target + ["--config", corpus, "tokenizer={'vocab_size': 400}"],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "no CUDA GPU" in out and "config/smoke.yaml" in out

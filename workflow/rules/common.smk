@@ -1,0 +1,38 @@
+# Config: config.yaml unless --configfile names another study; validated before the DAG is built.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `pip install -e .`
+from memopt.config import validate_config
+from memopt.errors import ConfigError
+from memopt.scripting import code_files
+
+
+if not workflow.overwrite_configfiles:
+
+    configfile: Path(workflow.basedir) / "config.yaml"
+
+
+try:
+    STUDY = validate_config(config)
+except ConfigError as err:
+    sys.exit(f"memopt: invalid config:\n{err}")
+
+ROOT = Path(workflow.basedir)
+TECHNIQUES = list(STUDY["techniques"])
+BATCHES = [str(b) for b in STUDY["batch_sizes"]]
+CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
+FIGURES = expand("paper/figures/{name}.{ext}", name=["memory", "throughput", "loss"], ext=["pdf", "png"])
+PAPER = ["paper/paper.md", "paper/paper.tex"]
+TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
+CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
+
+
+# What a training rule's result depends on besides its inputs: changing any of it reruns it.
+TRAIN_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "baseline")}
+TRAIN_CODE = code_files("attention", "model", "techniques", "data", "measure", "train", "search", "pipeline")
+
+
+wildcard_constraints:
+    technique="|".join(TECHNIQUES),
+    batch="|".join(BATCHES),

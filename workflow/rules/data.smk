@@ -1,0 +1,52 @@
+rule corpus:
+    output:
+        train="data/corpus/train.jsonl",
+        val="data/corpus/val.jsonl",
+        stats="data/corpus/stats.json",
+    input:
+        code_files("corpus"),
+    params:
+        corpus=STUDY["corpus"],
+        cache_dir="data/corpus/.speakleash",
+    log:
+        "logs/corpus.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/corpus.py"
+
+
+rule tokenizer:
+    output:
+        model="data/tokenizer/spm.model",
+    input:
+        train=rules.corpus.output.train,
+        code=code_files("tokenizer"),
+    params:
+        tokenizer=STUDY["tokenizer"],
+    # One thread: sentencepiece records its thread count in the model, so the file's hash would
+    # otherwise depend on --cores. Training takes seconds either way.
+    threads: 1
+    log:
+        "logs/tokenizer.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/tokenizer.py"
+
+
+rule tokens:
+    output:
+        TOKENS,
+    input:
+        model=rules.tokenizer.output.model,
+        train=rules.corpus.output.train,
+        val=rules.corpus.output.val,
+        code=code_files("tokenizer"),
+    threads: 4
+    log:
+        "logs/tokens.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/tokens.py"

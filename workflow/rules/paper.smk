@@ -1,0 +1,56 @@
+rule aggregate:
+    output:
+        "results/summary.csv",
+    input:
+        cells=CELLS,
+        code=code_files("results"),
+    log:
+        "logs/aggregate.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/aggregate.py"
+
+
+rule figures:
+    output:
+        FIGURES,
+    input:
+        summary=rules.aggregate.output,
+        cells=CELLS,
+        code=code_files("figures"),
+    log:
+        "logs/figures.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/figures.py"
+
+
+rule render:
+    output:
+        md="paper/paper.md",
+        tex="paper/paper.tex",
+    input:
+        summary=rules.aggregate.output,
+        searches=expand("results/search/{technique}.json", technique=TECHNIQUES),
+        corpus=rules.corpus.output.stats,
+        tokens="data/tokens/meta.json",
+        figures=FIGURES,
+        templates=list((ROOT / "paper" / "templates").glob("*.j2")),
+        code=code_files("paper"),
+    params:
+        study=STUDY,
+        templates=ROOT / "paper" / "templates",
+    log:
+        "logs/render.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/render.py"
+
+
+# The paper alone, from the results present: `snakemake --cores 1 paper`.
+rule paper:
+    input:
+        PAPER,

@@ -1,0 +1,53 @@
+# Training rules hold the GPU: run with --resources gpu=1 so they never share it.
+
+
+rule search:
+    output:
+        "results/search/{technique}.json",
+    input:
+        TOKENS,
+        code=TRAIN_CODE,
+    params:
+        study=TRAIN_PARAMS,
+        spec=lambda w: STUDY["techniques"][w.technique],
+    resources:
+        gpu=1,
+    threads: 4
+    log:
+        "logs/search/{technique}.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/search.py"
+
+
+rule cell:
+    output:
+        "results/cells/{technique}/{batch}.json",
+    input:
+        TOKENS,
+        own=rules.search.output,
+        baseline=f"results/search/{STUDY['baseline']}.json",
+        code=TRAIN_CODE,
+    params:
+        study=TRAIN_PARAMS,
+        spec=lambda w: STUDY["techniques"][w.technique],
+    resources:
+        gpu=1,
+    threads: 4
+    log:
+        "logs/cell/{technique}/{batch}.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/cell.py"
+
+
+# One target per technique: `snakemake --cores all --resources gpu=1 technique_flash`.
+for _name in TECHNIQUES:
+
+    rule:
+        name:
+            f"technique_{_name}"
+        input:
+            expand("results/cells/{technique}/{batch}.json", technique=_name, batch=BATCHES),

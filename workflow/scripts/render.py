@@ -1,0 +1,22 @@
+# Adapter: rule render -> memopt.paper.render_paper
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
+
+from memopt.paper import render_paper  # noqa: E402
+from memopt.scripting import logged  # noqa: E402
+
+sm = snakemake  # noqa: F821
+with logged(sm.log[0]):
+    render_paper(
+        Path(sm.input.summary[0]),
+        [Path(p) for p in sm.input.searches],
+        Path(sm.input.corpus),
+        Path(sm.input.tokens),
+        sm.params.study,
+        Path(sm.input.figures[0]).parent,
+        Path(sm.params.templates),
+        Path(sm.output.md),
+        Path(sm.output.tex),
+    )
