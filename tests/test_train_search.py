@@ -32,7 +32,7 @@ def study(**techniques):
             "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
             "train": {"steps": 6, "warmup_steps": 2, "eval_sequences": 4, "eval_batch_size": 2},
             "measure": {"warmup_steps": 2},
-            "search": {"memory_budget_gib": 8 / 1024, "max_batch": 512},
+            "search": {"cpu_memory_budget_gib": 8 / 1024, "max_batch": 512},
             "techniques": techniques or {"baseline": {}},
             "baseline": next(iter(techniques or {"baseline": 0})),
         }
@@ -90,11 +90,11 @@ def test_search_cap_and_none_fits(tokens):
     cfg = study()
     cfg["search"]["max_batch"] = 3
     assert search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)["status"] == "capped"
-    cfg["search"].update(max_batch=512, memory_budget_gib=1e-6)
+    cfg["search"].update(max_batch=512, cpu_memory_budget_gib=1e-6)
     res = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
     assert (res["status"], res["max_batch"]) == ("none_fits", 0)
-    cfg["search"]["memory_budget_gib"] = None
-    with pytest.raises(MemoptError, match="search.memory_budget_gib"):
+    cfg["search"]["cpu_memory_budget_gib"] = None
+    with pytest.raises(MemoptError, match="search.cpu_memory_budget_gib"):
         search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
 
 

@@ -30,7 +30,7 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         opt = make_optimizer(applied.model, train_cfg, device)
         batches = Batches(data.train, cfg["model"]["seq_len"], batch, train_cfg["seed"], device)
         tracker = (
-            TensorMemoryTracker(budget_bytes(cfg), list(applied.model.parameters()))
+            TensorMemoryTracker(budget_bytes(cfg, device), list(applied.model.parameters()))
             if device == "cpu"
             else contextlib.nullcontext()
         )
@@ -64,11 +64,11 @@ def search_max_batch(
     cfg: dict, technique: str, data: TokenData, device: str, progress=print
 ) -> dict:
     spec = technique_spec(cfg, technique)
-    if device == "cpu" and cfg["search"]["memory_budget_gib"] is None:
+    if device == "cpu" and cfg["search"]["cpu_memory_budget_gib"] is None:
         raise MemoptError(
-            "search.memory_budget_gib: None is not allowed on a CPU (there is no "
-            "device memory to run out of); allowed: a number > 0 (GiB of tracked "
-            "tensor memory), e.g. --config \"search={'memory_budget_gib': 0.0625}\""
+            "search.cpu_memory_budget_gib: None is not allowed on a CPU (there is no device "
+            "memory to run out of); allowed: a number > 0 (GiB of tracked tensor memory), e.g. "
+            "--config \"search={'cpu_memory_budget_gib': 0.0625}\""
         )
     limit_gpu_memory(cfg, device)
     cap = min(cfg["search"]["max_batch"], data.max_batch(cfg["model"]["seq_len"]))
@@ -99,7 +99,7 @@ def search_max_batch(
     else:
         lo = cap
     status = "capped" if hi is None else ("none_fits" if lo == 0 else "ok")
-    budget = budget_bytes(cfg)
+    budget = budget_bytes(cfg, device)
     if budget is None and device == "cuda":
         budget = torch.cuda.get_device_properties(0).total_memory
     return {

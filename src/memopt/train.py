@@ -33,14 +33,15 @@ from memopt.model import SelfAttention
 from memopt.techniques import Applied, apply_technique, eval_model, set_precision_flags
 
 
-def budget_bytes(cfg: dict) -> float | None:
-    gib = cfg["search"]["memory_budget_gib"]
+def budget_bytes(cfg: dict, device: str) -> float | None:
+    """The memory budget in bytes for this device (None: the whole GPU)."""
+    gib = cfg["search"]["cpu_memory_budget_gib" if device == "cpu" else "memory_budget_gib"]
     return None if gib is None else gib * 2**30
 
 
 def limit_gpu_memory(cfg: dict, device: str) -> None:
     """Emulate a smaller card: cap this process's share of the GPU at the configured budget."""
-    budget = budget_bytes(cfg)
+    budget = budget_bytes(cfg, device)
     if device == "cuda" and budget is not None:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
@@ -125,7 +126,7 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str) -> dict:
     batches = Batches(data.train, seq_len, batch_size, train_cfg["seed"], device)
     losses, timer = [], StepTimer(device)
     tracker = (
-        TensorMemoryTracker(budget_bytes(cfg), existing=list(applied.model.parameters()))
+        TensorMemoryTracker(budget_bytes(cfg, device), existing=list(applied.model.parameters()))
         if device == "cpu"
         else contextlib.nullcontext()
     )

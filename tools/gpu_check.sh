@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU verification in one call: the GPU test suite, then the smoke study end to end on CUDA
+# through Snakemake. Everything worth keeping goes under $OUT (the device tool brings it back).
+#
+# On the device machine (see the device tool's README), from the repository root:
+#   carry [".whl", ".corpus"]; command: bash tools/gpu_check.sh
+# .whl holds wheels the GPU image lacks (../shared/hooks/device-wheels.sh makes it); .corpus a copy
+# of the speakleash mirror (speakleash.json + eltec_pol_mini.*).
+set -uo pipefail
+OUT=${OUT:-/tmp/memopt-gpu-check}
+MIRROR=${MIRROR:-$PWD/.corpus}
+DATASET=${DATASET:-eltec_pol_mini}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+{ nvidia-smi; python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'; } > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+echo "== pytest -m gpu"
+python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
+
+echo "== smoke study on CUDA"
+rm -rf data/corpus data/tokenizer data/tokens results/search results/cells results/summary.csv paper/figures paper/paper.* logs .snakemake
+start=$(date +%s)
+python3 -m snakemake --cores all --resources gpu=1 --configfile config/smoke.yaml \
+  --config "corpus={'source': 'mirror', 'mirror': '$MIRROR', 'dataset': '$DATASET'}" > "$OUT/smoke.log" 2>&1
+echo "smoke exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/smoke.log"
+python3 -m snakemake -n --cores all --resources gpu=1 --configfile config/smoke.yaml \
+  --config "corpus={'source': 'mirror', 'mirror': '$MIRROR', 'dataset': '$DATASET'}" 2>&1 | tail -2 | tee -a "$OUT/smoke.log"
+grep -E "Finished jobid|^\[" "$OUT/smoke.log" | tail -4
+cp results/summary.csv paper/paper.md "$OUT/" 2>/dev/null
+tar czf "$OUT/smoke-results.tar.gz" results logs paper/paper.md paper/paper.tex paper/figures data/corpus/stats.json data/tokens/meta.json 2>/dev/null
+python3 -c "import csv,sys; [print(*r.values(), sep=\" | \") for r in csv.DictReader(open(\"results/summary.csv\"))]" | cut -c1-300
