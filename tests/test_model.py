@@ -37,7 +37,7 @@ def loss_and_grads(mode, window=None):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("mode", ["full", "every_k"])
+@pytest.mark.parametrize("mode", ["full", "every_k", "selective"])
 @pytest.mark.parametrize("window", [None, 5])
 def test_checkpointing_gives_same_loss_and_grads(mode, window):
     ref_loss, ref_grads = loss_and_grads("none", window)
@@ -53,3 +53,20 @@ def test_dropout_is_active_in_training():
     model = build_model(ModelConfig(**TINY), 3, "cpu")
     idx = torch.randint(0, 97, (4, 17), generator=torch.Generator().manual_seed(0))
     assert not torch.equal(model(idx[:, :-1], idx[:, 1:]).detach(), a)
+
+
+def test_checkpointing_modes_keep_less_after_forward():
+    from memopt.measure import TensorMemoryTracker
+
+    kept = {}
+    for mode in ("none", "selective", "every_k", "full"):
+        cfg = ModelConfig(
+            **{**TINY, "n_layers": 4, "d_model": 64, "seq_len": 64}, checkpointing=mode
+        )
+        model = build_model(cfg, 0, "cpu")
+        idx = torch.randint(0, 97, (8, 65), generator=torch.Generator().manual_seed(0))
+        with TensorMemoryTracker(existing=list(model.parameters())) as tracker:
+            model(idx[:, :-1], idx[:, 1:])
+            kept[mode] = tracker.current
+    assert kept["none"] > kept["selective"] > kept["full"]
+    assert kept["none"] > kept["every_k"] > kept["full"]

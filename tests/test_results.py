@@ -47,7 +47,8 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "batch_size": batch_size,
         "status": status,
         "spec": spec,
-        "kernel": spec["attention"] if ok else None,
+        "kernel": spec["attention"],
+        "kernel_detail": spec["attention"] if ok else None,
         "device": "cuda",
         "device_name": "NVIDIA H100 80GB HBM3",
         "steps": 12,
@@ -57,6 +58,24 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "tokens_per_step": batch_size * 64,
         "step_time_ms": step if ok else None,
         "tokens_per_s": 12345.678 / k if ok else None,
+        "model_tflops": 123.4 / k if ok else None,
+        "mfu": 0.1248 / k if ok else None,
+        "phase_memory": {
+            f"{w}_{p}_mib": 1000.0 * k + i
+            for i, (w, p) in enumerate(
+                (w, p) for p in ("forward", "backward", "optimizer") for w in ("after", "peak")
+            )
+        }
+        if ok
+        else None,
+        "memory_breakdown": {
+            f"{n}_mib": 10.5 * k + i
+            for i, n in enumerate(
+                ("weights", "gradients", "optimizer_state", "activations", "logits")
+            )
+        }
+        if ok
+        else None,
         "wall_s": 3.21 * k if ok else None,
         "peak_allocated_mib": 23456.789 / k if ok else None,
         "peak_reserved_mib": 24000.5 / k if ok else None,
@@ -138,7 +157,7 @@ CONFIG = {
         "eval_sequences": 8,
         "eval_batch_size": 4,
     },
-    "measure": {"warmup_steps": 2},
+    "measure": {"warmup_steps": 2, "exactness_tolerance": 0.05},
     "search": {"memory_budget_gib": None, "max_batch": 1024, "trial_steps": 2},
     "baseline": "baseline",
     "batch_sizes": ["same", "max"],
@@ -273,3 +292,32 @@ def test_loss_curves(tmp_path):
     assert len(curves) == 6
     assert len(curves[("baseline", "same")]) == 12
     assert curves[("flash_gradcp", "max")] == []
+
+
+def test_exactness_compares_exact_techniques_with_the_baseline():
+    from memopt.results import exactness
+
+    def cell(t, loss, window=None, entry="same", status="ok"):
+        return {
+            "technique": t,
+            "batch_entry": entry,
+            "status": status,
+            "window": window,
+            "val_loss": loss,
+            "final_train_loss": None if loss is None else loss + 1,
+            "batch_size": 8,
+        }
+
+    cells = [
+        cell("baseline", 5.0),
+        cell("bf16", 5.03),
+        cell("flash", 5.2),
+        cell("local", 7.0, window=16),
+        cell("bf16", 9.0, entry="max"),
+        cell("gradcp", None, status="oom"),
+    ]
+    check = exactness(cells, "baseline", 0.05)
+    assert [r["technique"] for r in check["rows"]] == ["bf16", "flash"]  # windowed: not exact
+    assert check["rows"][0]["delta_val_loss"] == pytest.approx(0.03) and check["rows"][0]["ok"]
+    assert not check["holds"] and check["failed"] == ["flash"]
+    assert exactness(cells[:2], "baseline", 0.05)["holds"]

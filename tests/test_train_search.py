@@ -119,3 +119,33 @@ def test_resolve_batch(tmp_path):
     assert resolve_batch("12", None, None) == 12
     with pytest.raises(MemoptError, match="run the search"):
         resolve_batch("max", tmp_path / "missing.json", None)
+
+
+def test_cell_reports_phase_memory_breakdown_and_model_flops(tokens):
+    from memopt.measure import flops_per_token
+
+    res = run_cell(study(), "baseline", "4", 4, tokens, "cpu")
+    n_params = 300 * 32 + 32 * 32 + 2 * (4 * 32 * 32 + 4 * 32 + 2 * 32 * 64 + 64 + 32 + 4 * 32) + 64
+    b = res["memory_breakdown"]
+    assert b["weights_mib"] * 2**20 == 4 * n_params  # fp32 weights, the tied embedding once
+    assert b["gradients_mib"] == b["weights_mib"]
+    # AdamW keeps two moments per weight (and a scalar step per parameter tensor).
+    assert 2 * b["weights_mib"] < b["optimizer_state_mib"] < 2 * b["weights_mib"] + 0.01
+    assert b["activations_mib"] > b["logits_mib"] == 4 * 32 * 300 * 4 / 2**20
+    p = res["phase_memory"]
+    assert p["peak_forward_mib"] >= p["after_forward_mib"] > p["before_step_mib"]
+    assert p["peak_backward_mib"] >= p["after_backward_mib"]
+    assert res["peak_allocated_mib"] >= max(p["peak_forward_mib"], p["peak_backward_mib"])
+    assert res["mfu"] is None  # no datasheet peak for a CPU
+    per_token = flops_per_token(study()["model"], 300, None)
+    assert res["model_tflops"] == pytest.approx(per_token * res["tokens_per_s"] / 1e12)
+
+
+def test_flops_per_token_by_hand():
+    from memopt.measure import flops_per_token
+
+    m = {"d_model": 8, "n_layers": 2, "d_ff": 16, "seq_len": 4}
+    n_matmul = 2 * (4 * 64 + 2 * 8 * 16) + 8 * 10
+    # causal: queries see 1, 2, 3, 4 keys (mean 2.5); window 2: 1, 2, 2, 2 (mean 1.75)
+    assert flops_per_token(m, 10, None) == 6 * n_matmul + 12 * 2 * 8 * 2.5
+    assert flops_per_token(m, 10, 2) == 6 * n_matmul + 12 * 2 * 8 * 1.75

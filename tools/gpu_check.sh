@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One GPU verification in one call: the GPU test suite, then the smoke study end to end on CUDA
-# through Snakemake. Everything worth keeping goes under $OUT (the device tool brings it back).
+# GPU verification in one call: the GPU test suite (tests), the technique benchmark of the default
+# model at batch 16 (bench), the smoke study end to end on CUDA through Snakemake (smoke).
+# Everything worth keeping goes under $OUT (the device tool brings it back).
 #
 # On the device machine (see the device tool's README), from the repository root:
-#   carry [".whl", ".corpus"]; command: bash tools/gpu_check.sh
+#   carry [".whl", ".corpus"]; command: bash tools/gpu_check.sh [tests] [bench] [smoke]
+# (no argument: all three; each call of the device tool has 10 minutes).
 # .whl holds wheels the GPU image lacks (../shared/hooks/device-wheels.sh makes it); .corpus a copy
 # of the speakleash mirror (speakleash.json + eltec_pol_mini.*).
 set -uo pipefail
@@ -19,9 +21,17 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 { nvidia-smi; python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'; } > "$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
-echo "== pytest -m gpu"
-python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
-
+stages=${*:-tests bench smoke}
+if [[ " $stages " == *" tests "* ]]; then
+  echo "== pytest -m gpu"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
+fi
+if [[ " $stages " == *" bench "* ]]; then
+  echo "== technique benchmark"
+  python3 tools/bench_techniques.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+  tar czf "$OUT/bench.tar.gz" -C "$OUT" bench && rm -rf "$OUT/bench"
+fi
+[[ " $stages " == *" smoke "* ]] || exit 0
 echo "== smoke study on CUDA"
 rm -rf data/corpus data/tokenizer data/tokens results/search results/cells results/summary.csv paper/figures paper/paper.* logs .snakemake
 start=$(date +%s)

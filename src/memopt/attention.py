@@ -2,7 +2,7 @@
 optional window W and returns (B, H, T, D).
 
 Window convention: a query at position i sees exactly the W keys j with i - W < j <= i (itself
-included). (flash-attn's `window_size=(W, 0)` would cover W + 1 keys.)
+included). flash-attn's `window_size=(left, 0)` covers left + 1 keys, so W maps to (W - 1, 0).
 
 No kernel drops attention probabilities (no attention dropout): FlexAttention has none, so every
 kernel computes the same function and techniques stay comparable; dropout acts on the residual paths.
@@ -12,6 +12,8 @@ A kernel that cannot run raises KernelUnavailable; nothing is replaced silently.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import math
 
 import torch
@@ -20,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from memopt.errors import KernelUnavailable
 
-KERNELS = ("math", "flash", "efficient", "flex")
+KERNELS = ("math", "flash", "efficient", "cudnn", "flex", "flash_attn")
 
 
 @functools.lru_cache(maxsize=16)
@@ -62,6 +64,62 @@ def _sdpa(backend: SDPBackend, name: str):
 
 flash_attention = _sdpa(SDPBackend.FLASH_ATTENTION, "flash")
 efficient_attention = _sdpa(SDPBackend.EFFICIENT_ATTENTION, "efficient")
+cudnn_attention = _sdpa(SDPBackend.CUDNN_ATTENTION, "cudnn")
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent that is not a package, or a stand-in module
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def flash_attn_impl() -> str | None:
+    """Which flash-attn implementation the `flash_attn` kernel uses here, or None.
+
+    FA4 (flash_attn.cute) and FA3 (flash_attn_interface) plug into PyTorch's SDPA flash backend
+    through its registry; FA2 is the flash-attn package's own `flash_attn_func`.
+    """
+    registry = getattr(torch.nn.attention, "list_flash_attention_impls", lambda: [])()
+    for impl, module in (("FA4", "flash_attn.cute"), ("FA3", "flash_attn_interface")):
+        if impl in registry and _module_present(module):
+            return impl
+    return "FA2" if _module_present("flash_attn") else None
+
+
+@functools.lru_cache(maxsize=1)
+def _activate(impl: str) -> None:
+    torch.nn.attention.activate_flash_attention_impl(impl)
+
+
+def flash_attn_attention(q, k, v, window=None):
+    impl = flash_attn_impl()
+    if impl is None:
+        raise KernelUnavailable(
+            "attention kernel 'flash_attn' needs the flash-attn package, which is not installed "
+            "(pip install -e '.[flash]'); use 'flash' for PyTorch's own flash kernel"
+        )
+    if impl != "FA2" and window is None:
+        _activate(impl)
+        return flash_attention(q, k, v)
+    if not _module_present("flash_attn"):
+        raise KernelUnavailable(
+            f"a sliding window needs flash-attn's FA2 flash_attn_func ({impl} is "
+            "reached through SDPA, which has no window)"
+        )
+    from flash_attn import flash_attn_func
+
+    # flash-attn takes (B, T, H, D); window_size=(left, 0) covers left + 1 keys.
+    out = flash_attn_func(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        dropout_p=0.0,
+        causal=True,
+        window_size=(-1, -1) if window is None else (window - 1, 0),
+    )
+    return out.transpose(1, 2)
 
 
 @functools.lru_cache(maxsize=16)
@@ -98,25 +156,46 @@ IMPLEMENTATIONS = {
     "math": math_attention,
     "flash": flash_attention,
     "efficient": efficient_attention,
+    "cudnn": cudnn_attention,
     "flex": flex_attention,
+    "flash_attn": flash_attn_attention,
 }
 
 
 def resolve_kernel(requested: str, window: int | None, device: str, precision: str) -> str:
-    """Turn a requested kernel (possibly `auto`) into the one that will run, and check it can."""
+    """Turn a requested kernel (possibly `auto`) into the one that will run, and check it can.
+
+    `auto` on CUDA: flash-attn when installed, else PyTorch's flash kernel (16-bit) or its
+    memory-efficient kernel (FP32); with a window, flash-attn or FlexAttention. On a CPU: PyTorch's
+    flash kernel, or the explicit masked path with a window.
+    """
     if requested == "auto":
+        if device != "cuda":
+            return "math" if window is not None else "flash"
+        if flash_attn_impl() is not None and precision == "bf16":
+            return "flash_attn"
         if window is not None:
-            return "flex" if device == "cuda" else "math"
-        if device == "cuda":
-            # The flash backend takes only 16-bit inputs; fp32/tf32 runs get the exact fused kernel.
-            return "flash" if precision == "bf16" else "efficient"
-        return "flash"  # PyTorch's CPU flash kernel takes fp32 and bf16
+            return "flex"
+        return "flash" if precision == "bf16" else "efficient"
     if requested not in IMPLEMENTATIONS:
         raise KernelUnavailable(
             f"unknown attention kernel {requested!r}; allowed: " + ", ".join(("auto",) + KERNELS)
         )
-    if requested == "flex" and device != "cuda":
-        raise KernelUnavailable("attention 'flex' needs a CUDA GPU; use 'math' or 'auto' on a CPU")
-    if requested in ("flash", "efficient") and window is not None:
-        raise KernelUnavailable(f"attention {requested!r} has no sliding window; use flex or math")
+    if requested in ("flex", "cudnn", "flash_attn") and device != "cuda":
+        raise KernelUnavailable(
+            f"attention {requested!r} needs a CUDA GPU; use 'math' or 'auto' on a CPU"
+        )
+    if requested in ("flash", "efficient", "cudnn") and window is not None:
+        raise KernelUnavailable(
+            f"attention {requested!r} has no sliding window; use flex, flash_attn or math"
+        )
     return requested
+
+
+def kernel_detail(kernel: str) -> str:
+    """The kernel with the implementation behind it, for provenance."""
+    if kernel == "flash_attn":
+        impl = flash_attn_impl()
+        version = importlib.import_module("flash_attn").__version__ if impl == "FA2" else ""
+        return f"flash_attn ({impl} {version})".replace(" )", ")")
+    return kernel

@@ -162,10 +162,10 @@ def _check_cross_keys(cfg: dict) -> None:
                 f"techniques.{name}.window: {w} is larger than model.seq_len "
                 f"({m['seq_len']}); allowed: 1..{m['seq_len']}"
             )
-        if spec.get("attention") == "flash" and w is not None:
+        if spec.get("attention") in ("flash", "efficient", "cudnn") and w is not None:
             problems.append(
-                f"techniques.{name}.attention: 'flash' (PyTorch SDPA) has no "
-                f"sliding window (window {w}); allowed with a window: math, flex, auto"
+                f"techniques.{name}.attention: {spec['attention']!r} (PyTorch SDPA) has no "
+                f"sliding window (window {w}); allowed with a window: math, flex, flash_attn, auto"
             )
     if cfg["baseline"] not in cfg["techniques"]:
         problems.append(

@@ -76,6 +76,65 @@ class TensorMemoryTracker(TorchDispatchMode):
         return out
 
 
+class MemoryProbe:
+    """Allocated bytes now and the peak since the last reset: the CUDA caching allocator's
+    counters on a GPU, the tracker's on a CPU."""
+
+    def __init__(self, device: str, tracker: TensorMemoryTracker | None = None):
+        self.cuda, self.tracker = device == "cuda", tracker
+
+    def now(self) -> int:
+        return torch.cuda.memory_allocated() if self.cuda else self.tracker.current
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated() if self.cuda else self.tracker.peak
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.tracker.peak = self.tracker.current
+
+
+# Dense (no sparsity) BF16 tensor-core peaks from the vendors' datasheets, in TFLOP/s, matched
+# against torch.cuda.get_device_name() in this order. Unknown GPUs get no MFU rather than a guess.
+PEAK_BF16_TFLOPS = (
+    ("H100 80GB HBM3", 989.0),  # H100 SXM5
+    ("H100 SXM", 989.0),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 756.0),  # other H100 names: the PCIe card's figure, the lower one
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("RTX 5090", 209.5),
+    ("RTX 4090", 165.2),
+)
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    for key, tflops in PEAK_BF16_TFLOPS:
+        if key in device_name:
+            return tflops * 1e12
+    return None
+
+
+def flops_per_token(model_cfg: dict, vocab_size: int, window: int | None) -> float:
+    """Model FLOPs per trained token (forward + backward; recomputation is not counted).
+
+    6 * N_matmul (every weight matrix, the tied output head included) plus attention's two
+    matmuls: 4 * d_model * keys per layer forward, times 3 with the backward pass, where keys is
+    the average number of keys a query sees (causal: (T + 1) / 2; with window W: min(i + 1, W)).
+    """
+    d, L, f, T = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff", "seq_len"))
+    n_matmul = L * (4 * d * d + 2 * d * f) + d * vocab_size
+    w = T if window is None else min(window, T)
+    keys = (w * (w + 1) / 2 + (T - w) * w) / T
+    return 6 * n_matmul + 12 * L * d * keys
+
+
 class StepTimer:
     """Per-step wall time: CUDA events on a GPU (no host sync inside the step), perf_counter on a CPU."""
 
@@ -138,6 +197,19 @@ def git_commit(root: Path | None = None) -> str | None:
         return None
 
 
+def gpu_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
 def provenance(device: str) -> dict:
     try:
         import flash_attn
@@ -152,6 +224,8 @@ def provenance(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "gpu": torch.cuda.get_device_name() if cuda else None,
+        "driver": gpu_driver() if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "cpu": platform.processor() or platform.machine(),
         "flash_attn": flash_attn_version,
         "git_commit": git_commit(),

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from memopt.attention import IMPLEMENTATIONS
 
@@ -28,8 +32,33 @@ class ModelConfig:
     dropout: float = 0.0
     attention: str = "math"  # a concrete kernel name from memopt.attention.IMPLEMENTATIONS
     window: int | None = None
-    checkpointing: str = "none"  # none | full | every_k
+    checkpointing: str = "none"  # none | full | every_k | selective
     checkpoint_every: int = 2
+
+
+# Selective checkpointing keeps what is expensive to recompute (matmuls, attention) and recomputes
+# the cheap, memory-heavy elementwise ops (LayerNorm, GELU, dropout, residual adds).
+_SAVED_OPS = {
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(torch.ops.aten, name)
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    return create_selective_checkpoint_contexts(_selective_policy)
 
 
 class SelfAttention(nn.Module):
@@ -87,7 +116,9 @@ class Decoder(nn.Module):
 
     def checkpointed(self, i: int) -> bool:
         mode = self.cfg.checkpointing
-        return mode == "full" or (mode == "every_k" and i % self.cfg.checkpoint_every == 0)
+        return mode in ("full", "selective") or (
+            mode == "every_k" and i % self.cfg.checkpoint_every == 0
+        )
 
     def forward(self, idx, targets=None):
         T = idx.size(1)
@@ -95,13 +126,18 @@ class Decoder(nn.Module):
         for i, block in enumerate(self.blocks):
             if self.training and self.checkpointed(i):
                 # Non-reentrant checkpointing restores the RNG state, so dropout masks replay exactly.
-                x = checkpoint(block, x, use_reentrant=False)
+                if self.cfg.checkpointing == "selective":
+                    x = checkpoint(block, x, use_reentrant=False, context_fn=_selective_context)
+                else:
+                    x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        # No explicit .float(): under BF16 autocast log_softmax reads the 16-bit logits and computes
+        # in FP32 itself, so no FP32 copy of the (tokens x vocab) logits is ever materialized.
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def build_model(cfg: ModelConfig, seed: int, device: str) -> Decoder:

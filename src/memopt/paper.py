@@ -15,10 +15,28 @@ from pathlib import Path
 import jinja2
 
 from memopt.errors import MemoptError
-from memopt.results import INT_COLUMNS, entry_sort_key, read_json, read_summary, write_text
+from memopt.results import (
+    INT_COLUMNS,
+    entry_sort_key,
+    exactness,
+    read_json,
+    read_summary,
+    write_text,
+)
 
 FIGURES = ("memory", "throughput", "loss")
-PROVENANCE_KEYS = ("git_commit", "config_hash", "torch", "python", "cuda", "gpu", "memopt")
+PROVENANCE_KEYS = (
+    "git_commit",
+    "config_hash",
+    "torch",
+    "python",
+    "cuda",
+    "cudnn",
+    "gpu",
+    "driver",
+    "flash_attn",
+    "memopt",
+)
 
 
 # ---------------------------------------------------------------- filters
@@ -31,6 +49,12 @@ def num(value, decimals: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:,.{decimals}f}"
+
+
+def pct(value, decimals: int = 1) -> str:
+    """0.2345 -> '23.5%'; None or NaN -> 'n/a' (e.g. MFU on a device without a known peak)."""
+    text = num(None if value is None else 100 * value, decimals)
+    return text if text == "n/a" else text + "%"
 
 
 _TEX_SPECIAL = {
@@ -79,7 +103,7 @@ def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
             line_comment_prefix=None,
         )
     env = jinja2.Environment(**options)
-    env.filters.update(num=num, tex=tex, md=md)
+    env.filters.update(num=num, pct=pct, tex=tex, md=md)
     return env
 
 
@@ -264,6 +288,7 @@ def build_context(
         "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
         "measured": {k: first_ok.get(k) for k in ("steps", "warmup_steps", "timed_steps")},
         "findings": findings(cells, searches, baseline),
+        "exactness": exactness(cells, baseline, config["measure"]["exactness_tolerance"]),
         "provenance": _provenance(cells),
         "figures": figures,
     }

@@ -57,6 +57,9 @@ def cell_file(
     batch = resolve_batch(
         entry, search_dir / f"{technique}.json", search_dir / f"{cfg['baseline']}.json"
     )
-    result = run_cell(cfg, technique, entry, batch, TokenData(tokens_dir), device)
+    snapshot = (
+        Path(out).with_suffix(".memory.pickle") if cfg["measure"]["memory_snapshot"] else None
+    )
+    result = run_cell(cfg, technique, entry, batch, TokenData(tokens_dir), device, snapshot)
     write_json(out, result)
     return result

@@ -15,23 +15,36 @@ from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-e
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
 CELL_KEYS = """
-    technique batch_entry batch_size status spec kernel device device_name steps warmup_steps
-    timed_steps seq_len tokens_per_step step_time_ms tokens_per_s wall_s peak_allocated_mib
-    peak_reserved_mib val_loss val_ppl final_train_loss loss_curve error
+    technique batch_entry batch_size status spec kernel kernel_detail device device_name steps
+    warmup_steps timed_steps seq_len tokens_per_step step_time_ms tokens_per_s model_tflops mfu
+    wall_s peak_allocated_mib peak_reserved_mib phase_memory memory_breakdown val_loss val_ppl
+    final_train_loss loss_curve error
 """.split()
 SPEC_KEYS = ["precision", "attention", "window", "checkpointing", "checkpoint_every", "compile"]
 STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90"]
 # Provenance is optional per key (older cells may lack some); copied so the paper can cite it.
-PROVENANCE_KEYS = ["torch", "python", "cuda", "gpu", "git_commit", "config_hash", "memopt"]
+PROVENANCE_KEYS = (
+    "torch python cuda cudnn gpu driver flash_attn git_commit config_hash memopt".split()
+)
+# Memory read after each phase of one step, and its breakdown (see memopt.train.measured_step).
+PHASE_KEYS = [
+    f"{when}_{phase}_mib"
+    for phase in ("forward", "backward", "optimizer")
+    for when in ("after", "peak")
+]
+BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits".split()
 STATUSES = ("ok", "oom")
 
 # Column order of summary.csv: identity, spec, setup, timing, memory, quality, provenance.
 SUMMARY_COLUMNS = (
     ["technique", "batch_entry", "batch_size", "status"]
     + SPEC_KEYS
-    + "kernel device device_name steps warmup_steps timed_steps seq_len tokens_per_step".split()
+    + "kernel kernel_detail device device_name steps warmup_steps timed_steps seq_len".split()
+    + ["tokens_per_step"]
     + [f"step_time_ms_{stat}" for stat in STEP_TIME_STATS]
-    + "tokens_per_s wall_s peak_allocated_mib peak_reserved_mib".split()
+    + "tokens_per_s model_tflops mfu wall_s peak_allocated_mib peak_reserved_mib".split()
+    + [f"phase_{key}" for key in PHASE_KEYS]
+    + [f"{key}_mib" for key in BREAKDOWN_KEYS]
     + "val_loss val_ppl final_train_loss error".split()
     + [f"provenance_{key}" for key in PROVENANCE_KEYS]
 )
@@ -78,6 +91,10 @@ def cell_row(cell: dict) -> dict:
             row[key] = step_time.get(key.removeprefix("step_time_ms_"))
         elif key.startswith("provenance_"):
             row[key] = provenance.get(key.removeprefix("provenance_"))
+        elif key.startswith("phase_"):
+            row[key] = (cell["phase_memory"] or {}).get(key.removeprefix("phase_"))
+        elif key.endswith("_mib") and key.removesuffix("_mib") in BREAKDOWN_KEYS:
+            row[key] = (cell["memory_breakdown"] or {}).get(key)
         elif key not in row:
             row[key] = cell[key]
     row["batch_entry"] = str(row["batch_entry"])  # "8" and 8 name the same entry
@@ -133,3 +150,32 @@ def loss_curves(cell_paths: list[Path]) -> dict[tuple[str, str], list[float]]:
         cell = read_cell(Path(path))
         curves[(cell["technique"], str(cell["batch_entry"]))] = list(cell["loss_curve"] or [])
     return curves
+
+
+def exactness(cells: list[dict], baseline: str, tolerance: float) -> dict:
+    """The exactness check: at the `same` batch, every technique that computes the baseline's
+    function (full causal attention; only precision, kernel, checkpointing or compilation differ)
+    must end within `tolerance` nats of the baseline's validation loss."""
+    same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
+    base, rows = same.get(baseline), []
+    for name, cell in same.items():
+        if base is None or name == baseline or cell["window"] is not None:
+            continue
+        delta = cell["val_loss"] - base["val_loss"]
+        rows.append(
+            {
+                "technique": name,
+                "val_loss": cell["val_loss"],
+                "delta_val_loss": delta,
+                "delta_final_train_loss": cell["final_train_loss"] - base["final_train_loss"],
+                "ok": abs(delta) <= tolerance,
+            }
+        )
+    return {
+        "baseline": baseline,
+        "tolerance": tolerance,
+        "batch_size": base["batch_size"] if base else None,
+        "rows": rows,
+        "holds": all(r["ok"] for r in rows),
+        "failed": [r["technique"] for r in rows if not r["ok"]],
+    }

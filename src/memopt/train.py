@@ -17,15 +17,18 @@ import time
 
 import torch
 
-from memopt.attention import math_attention, resolve_kernel
+from memopt.attention import kernel_detail, math_attention, resolve_kernel
 from memopt.config import config_hash, technique_spec
 from memopt.data import Batches, TokenData, eval_sequences
 from memopt.measure import (
     MIB,
+    MemoryProbe,
     StepTimer,
     TensorMemoryTracker,
     device_name,
+    flops_per_token,
     is_oom,
+    peak_bf16_flops,
     provenance,
     summarize,
 )
@@ -64,17 +67,58 @@ def lr_at(step: int, train_cfg: dict) -> float:
     return train_cfg["lr"] * (min(1.0, (step + 1) / warm) if warm else 1.0)
 
 
-def train_step(applied: Applied, opt, x, y, step: int, train_cfg: dict) -> torch.Tensor:
+def train_step(
+    applied: Applied, opt, x, y, step: int, train_cfg: dict, mark=lambda phase: None
+) -> torch.Tensor:
+    """One full step: forward, backward, clipping, optimizer. `mark(phase)` is called after each
+    phase (for phase memory); it must not synchronize."""
     for group in opt.param_groups:
         group["lr"] = lr_at(step, train_cfg)
     with applied.autocast:
         loss = applied.model(x, y)
+    mark("forward")
     loss.backward()
+    mark("backward")
     if train_cfg["grad_clip"]:
         torch.nn.utils.clip_grad_norm_(applied.model.parameters(), train_cfg["grad_clip"])
     opt.step()
+    mark("optimizer")
     opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: MemoryProbe):
+    """A training step that also reads memory after each phase, each phase's peak, and a
+    breakdown into weights, gradients, optimizer state and activations."""
+    phases = {"before_step_mib": probe.now() / MIB}
+    probe.reset_peak()
+    grads = []
+
+    def mark(phase):
+        phases[f"after_{phase}_mib"] = probe.now() / MIB
+        phases[f"peak_{phase}_mib"] = probe.peak() / MIB
+        probe.reset_peak()
+        if phase == "backward":
+            grads.append(_tensor_bytes(p.grad for p in applied.model.parameters()))
+
+    loss = train_step(applied, opt, x, y, step, cfg["train"], mark)
+    params = list(applied.model.parameters())
+    logit_bytes = 2 if applied.record["precision"] == "bf16" else 4
+    breakdown = {
+        "weights_mib": _tensor_bytes(params) / MIB,
+        "gradients_mib": grads[0] / MIB,
+        "optimizer_state_mib": _tensor_bytes(
+            t for state in opt.state.values() for t in state.values()
+        )
+        / MIB,
+        "activations_mib": phases["after_forward_mib"] - phases["before_step_mib"],
+        "logits_mib": x.numel() * eval_model(applied).cfg.vocab_size * logit_bytes / MIB,
+    }
+    return loss, phases, breakdown
 
 
 @contextlib.contextmanager
@@ -116,7 +160,7 @@ def free_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _train(cfg, spec, data: TokenData, batch_size: int, device: str) -> dict:
+def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=None) -> dict:
     train_cfg, seq_len = cfg["train"], cfg["model"]["seq_len"]
     steps, warmup = train_cfg["steps"], cfg["measure"]["warmup_steps"]
     applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
@@ -130,11 +174,19 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str) -> dict:
         if device == "cpu"
         else contextlib.nullcontext()
     )
+    probe = MemoryProbe(device, tracker if device == "cpu" else None)
     wall0 = time.perf_counter()
     with tracker:
-        for step in range(warmup):
+        for step in range(warmup - 1):
             x, y = batches.next()
             losses.append(train_step(applied, opt, x, y, step, train_cfg))
+        # The last warm-up step (the optimizer state exists by now) is measured phase by phase.
+        cpu_peak = probe.peak()
+        x, y = batches.next()
+        with _memory_history(snapshot):
+            loss, phases, breakdown = measured_step(applied, opt, x, y, warmup - 1, cfg, probe)
+        losses.append(loss)
+        cpu_peak = max([cpu_peak] + [v * MIB for k, v in phases.items() if k.startswith("peak_")])
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -149,26 +201,36 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str) -> dict:
         peak_alloc = torch.cuda.max_memory_allocated() / MIB
         peak_reserved = torch.cuda.max_memory_reserved() / MIB
     else:
-        peak_alloc, peak_reserved = tracker.peak / MIB, None
+        peak_alloc, peak_reserved = cpu_peak / MIB, None
     del opt
     seqs = eval_sequences(data.val, seq_len, train_cfg["eval_sequences"])
     val_loss = evaluate(eval_model(applied), seqs, train_cfg["eval_batch_size"], device)
     loss_curve = torch.stack(losses).float().tolist()
     stats = summarize(times)
     tokens_per_step = batch_size * seq_len
+    tokens_per_s = tokens_per_step / (stats["mean"] / 1e3)
+    flops = flops_per_token(cfg["model"], data.vocab_size, spec["window"]) * tokens_per_s
+    peak_flops = peak_bf16_flops(device_name(device)) if device == "cuda" else None
     return {
         "status": "ok",
         "kernel": applied.kernel,
+        "kernel_detail": kernel_detail(applied.kernel),
         "precision_flags": applied.record,
         "steps": steps,
         "warmup_steps": warmup,
         "timed_steps": len(times),
         "step_time_ms": stats,
+        "step_times_ms": times,
         "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_step / (stats["mean"] / 1e3),
+        "tokens_per_s": tokens_per_s,
+        "model_tflops": flops / 1e12,
+        "mfu": flops / peak_flops if peak_flops else None,
+        "peak_bf16_tflops": peak_flops / 1e12 if peak_flops else None,
         "wall_s": wall_s,
         "peak_allocated_mib": peak_alloc,
         "peak_reserved_mib": peak_reserved,
+        "phase_memory": phases,
+        "memory_breakdown": breakdown,
         "val_loss": val_loss,
         "val_ppl": math.exp(min(val_loss, 50.0)),
         "final_train_loss": loss_curve[-1],
@@ -177,10 +239,39 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _memory_history(path):
+    """Record a CUDA memory snapshot of one step, for https://pytorch.org/memory_viz."""
+    if path is None or not torch.cuda.is_available():
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        yield
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+# What an out-of-memory cell reports as null (it never got to measure them).
+MEASURED = (
+    "kernel_detail steps warmup_steps timed_steps step_time_ms step_times_ms tokens_per_step "
+    "tokens_per_s model_tflops mfu peak_bf16_tflops wall_s peak_allocated_mib peak_reserved_mib "
+    "phase_memory memory_breakdown val_loss val_ppl final_train_loss"
+).split()
+
+
 def run_cell(
-    cfg: dict, technique: str, batch_entry: str, batch_size: int, data: TokenData, device: str
+    cfg: dict,
+    technique: str,
+    batch_entry: str,
+    batch_size: int,
+    data: TokenData,
+    device: str,
+    snapshot=None,
 ) -> dict:
-    """Train one cell and return its result dict; out of memory is a result (status `oom`)."""
+    """Train one cell and return its result dict; out of memory is a result (status `oom`).
+    With `snapshot` (a path), a CUDA memory snapshot of one training step is written there."""
     spec = technique_spec(cfg, technique)
     limit_gpu_memory(cfg, device)
     result = {
@@ -193,34 +284,18 @@ def run_cell(
         "seq_len": cfg["model"]["seq_len"],
         "kernel": resolve_kernel(spec["attention"], spec["window"], device, spec["precision"]),
     }
-    null_fields = dict.fromkeys(
-        [
-            "steps",
-            "warmup_steps",
-            "timed_steps",
-            "step_time_ms",
-            "tokens_per_step",
-            "tokens_per_s",
-            "wall_s",
-            "peak_allocated_mib",
-            "peak_reserved_mib",
-            "val_loss",
-            "val_ppl",
-            "final_train_loss",
-        ]
-    )
     oom_message = None
     if batch_size < 1:
         oom_message = f"no batch fits ({batch_entry} resolved to {batch_size})"
     else:
         try:
-            result.update(_train(cfg, spec, data, batch_size, device))
+            result.update(_train(cfg, spec, data, batch_size, device, snapshot))
         except Exception as err:
             if not is_oom(err):
                 raise
             oom_message = str(err).splitlines()[0][:500]
     if oom_message is not None:
-        result.update(null_fields, status="oom", error=oom_message, loss_curve=[])
+        result.update(dict.fromkeys(MEASURED), status="oom", error=oom_message, loss_curve=[])
     free_memory(device)
     result["provenance"] = provenance(device) | {
         "config_hash": config_hash(
