@@ -190,12 +190,19 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    for step in range(warmup, steps):
-        x, y = batches.next()
-        timer.start()
-        losses.append(train_step(applied, opt, x, y, step, train_cfg))
-        timer.stop()
-    times = timer.times_ms()  # synchronizes on CUDA
+    # A full garbage collection over compile's large heaps can stall the host long enough to
+    # starve the GPU; collect once and freeze what exists, so timed steps see no such pause.
+    gc.collect()
+    gc.freeze()
+    try:
+        for step in range(warmup, steps):
+            x, y = batches.next()
+            timer.start()
+            losses.append(train_step(applied, opt, x, y, step, train_cfg))
+            timer.stop()
+        times = timer.times_ms()  # synchronizes on CUDA
+    finally:
+        gc.unfreeze()
     wall_s = time.perf_counter() - wall0
     if device == "cuda":
         peak_alloc = torch.cuda.max_memory_allocated() / MIB
