@@ -149,3 +149,76 @@ def test_flops_per_token_by_hand():
     # causal: queries see 1, 2, 3, 4 keys (mean 2.5); window 2: 1, 2, 2, 2 (mean 1.75)
     assert flops_per_token(m, 10, None) == 6 * n_matmul + 12 * 2 * 8 * 2.5
     assert flops_per_token(m, 10, 2) == 6 * n_matmul + 12 * 2 * 8 * 1.75
+
+
+def simulated(fixed, per_sample, avail, overhead=0.0, curve=0.0):
+    """A memory model for the search: the fit sees peak(b); out of memory happens when peak(b)
+    plus an overhead it cannot see (fragmentation, workspaces) exceeds what is available."""
+    calls = []
+
+    def test(b):
+        calls.append(b)
+        peak = fixed + per_sample * b + curve * b * b
+        return None if peak * (1 + overhead) > avail else peak
+
+    return test, calls
+
+
+@pytest.mark.parametrize(
+    "overhead, curve", [(0.0, 0.0), (0.01, 0.0), (0.0, 0.002), (0.03, 0.0), (0.08, 0.001)]
+)
+@pytest.mark.parametrize("g", [1, 8])
+def test_fit_search_is_exact_and_needs_few_trials(overhead, curve, g):
+    from memopt.search import _bisect_search, _fit_search
+
+    fit_trials, bisect_trials = [], []
+    # Per-sample memory of the default study's techniques is about 100-1,500 MiB (B ~ 50-800).
+    for i, per_sample in enumerate([95.0, 180.5, 512.25, 1333.0, 760.0]):
+        fixed = 900.0 + 117 * i
+        test, calls = simulated(fixed, per_sample, 80_000, overhead, curve)
+        found = _fit_search(test, g, 100_000 // g * g, 80_000)
+        lo, hi = found["lo"], found["hi"]
+        assert hi == lo + g and test(lo) is not None and test(hi) is None  # proven boundary
+        assert lo % g == 0
+        fit_trials.append(len(calls) - 2)  # minus the two checks just made
+        test, calls = simulated(fixed, per_sample, 80_000, overhead, curve)
+        assert _bisect_search(test, g, 100_000 // g * g)["lo"] == lo
+        bisect_trials.append(len(calls))
+    assert sum(fit_trials) < sum(bisect_trials)
+    # On a GPU the fit uses peak *reserved* memory, so what it cannot see is small.
+    if overhead <= 0.01:
+        assert sum(fit_trials) / len(fit_trials) <= 6
+
+
+def test_fit_search_stays_exact_far_from_the_fit():
+    from memopt.search import _fit_search
+
+    for per_sample, overhead, curve in [(3.3, 0.08, 0.0), (37.0, 0.2, 0.01), (900.0, 0.5, 0.0)]:
+        test, _ = simulated(1000.0, per_sample, 80_000, overhead, curve)
+        found = _fit_search(test, 1, 100_000, 80_000)
+        assert found["hi"] == found["lo"] + 1
+        assert test(found["lo"]) is not None and test(found["hi"]) is None
+
+
+def test_fit_search_cap_and_nothing_fits():
+    from memopt.search import _fit_search
+
+    test, calls = simulated(100, 1, 10_000)
+    assert _fit_search(test, 1, 64, 10_000)["hi"] is None and max(calls) == 64 and len(calls) <= 3
+    test, calls = simulated(20_000, 1, 10_000)
+    found = _fit_search(test, 1, 64, 10_000)
+    assert (found["lo"], found["hi"], calls) == (0, 1, [1])
+
+
+def test_search_granularity_and_strategies_agree(tokens):
+    cfg = study()
+    fit = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
+    cfg["search"]["strategy"] = "bisect"
+    bisect = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
+    assert fit["max_batch"] == bisect["max_batch"]
+    assert len(fit["trials"]) < len(bisect["trials"]) and len(fit["trials"]) <= 6
+    assert fit["fit"]["per_sample_mib"] > 0 and fit["prediction_error"] is not None
+    cfg["search"].update(strategy="fit", granularity=4)
+    res = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
+    assert res["max_batch"] % 4 == 0 and res["first_failing_batch"] == res["max_batch"] + 4
+    assert res["max_batch"] <= fit["max_batch"] < res["max_batch"] + 4

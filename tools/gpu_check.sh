@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# GPU verification in one call: the GPU test suite (tests), the technique benchmark of the default
-# model at batch 16 (bench), the smoke study end to end on CUDA through Snakemake (smoke).
+# GPU verification: the GPU test suite (tests), the technique benchmark of the default model at
+# batch 16 (bench), the batch-size search benchmark and checks (search), the smoke study end to
+# end on CUDA through Snakemake (smoke).
 # Everything worth keeping goes under $OUT (the device tool brings it back).
 #
 # On the device machine (see the device tool's README), from the repository root:
-#   carry [".whl", ".corpus"]; command: bash tools/gpu_check.sh [tests] [bench] [smoke]
-# (no argument: all three; each call of the device tool has 10 minutes).
+#   carry [".whl", ".corpus"]; command: bash tools/gpu_check.sh [tests] [bench] [search] [smoke]
+# (no argument: all four; one call of the device tool has 10 minutes: split them).
 # .whl holds wheels the GPU image lacks (../shared/hooks/device-wheels.sh makes it); .corpus a copy
 # of the speakleash mirror (speakleash.json + eltec_pol_mini.*).
 set -uo pipefail
@@ -21,7 +22,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 { nvidia-smi; python3 -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'; } > "$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
-stages=${*:-tests bench smoke}
+stages=${*:-tests bench search smoke}
 if [[ " $stages " == *" tests "* ]]; then
   echo "== pytest -m gpu"
   python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
@@ -30,6 +31,11 @@ if [[ " $stages " == *" bench "* ]]; then
   echo "== technique benchmark"
   python3 tools/bench_techniques.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
   tar czf "$OUT/bench.tar.gz" -C "$OUT" bench && rm -rf "$OUT/bench"
+fi
+if [[ " $stages " == *" search "* ]]; then
+  echo "== batch-size search: fit vs bisect, independent checks"
+  python3 tools/bench_search.py --out "$OUT/search" 2>&1 | tee "$OUT/search.txt"
+  tar czf "$OUT/search.tar.gz" -C "$OUT" search && rm -rf "$OUT/search"
 fi
 [[ " $stages " == *" smoke "* ]] || exit 0
 echo "== smoke study on CUDA"

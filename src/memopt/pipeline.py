@@ -3,6 +3,7 @@ library, write one result file. No logic of their own beyond resolving a batch e
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -31,6 +32,11 @@ def resolve_batch(entry: str | int, search_json: Path | None, baseline_json: Pat
 def _setup(cfg: dict, threads: int | None) -> str:
     if threads:
         torch.set_num_threads(threads)
+    # Before anything touches CUDA: the allocator reads its settings once, at its first use.
+    conf = cfg["measure"]["cuda_alloc_conf"]
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF", conf) != conf:
+        print(f"memopt: PYTORCH_CUDA_ALLOC_CONF replaced by measure.cuda_alloc_conf={conf!r}")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
     return resolve_device(cfg["device"])
 
 

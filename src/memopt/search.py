@@ -1,9 +1,18 @@
 """The largest batch a technique trains at within the memory budget.
 
 A trial runs `search.trial_steps` full training steps (forward, backward, clipping, optimizer; at
-least two, so the optimizer state exists). The search doubles the batch until a trial fails (or
-the cap is reached), then bisects to granularity 1, so the answer B is proven: B fits, B + 1 does
-not, and both trials are recorded. Out of memory means "does not fit"; any other error is raised.
+least two, so the optimizer state exists). The answer B is proven: B fits and B + g does not
+(g = `search.granularity`), and both trials are recorded. Out of memory means "does not fit"; any
+other error is raised.
+
+Strategy `fit` (the default): peak memory grows almost linearly in the batch, so two small probes
+give peak(B) ~ fixed + per_sample * B; the search tries the predicted boundary, refits on every
+success, walks away from a miss in doubling steps and bisects what is left. Strategy `bisect`:
+plain doubling, then bisection (about 2 log2 B trials), kept for comparison.
+
+Trials run in this process. A fresh process per trial would cost a Python, torch and CUDA start
+(seconds) for every trial; instead every reference of a trial is dropped and the CUDA cache
+emptied before the next, and tests check that results do not depend on the search order.
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ from memopt.train import budget_bytes, free_memory, limit_gpu_memory, make_optim
 def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
     t0 = time.perf_counter()
     train_cfg = cfg["train"]
-    peak, fits = None, True
+    peak = reserved = None
+    fits = True
     try:
         applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
         opt = make_optimizer(applied.model, train_cfg, device)
@@ -43,8 +53,9 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         if device == "cuda":
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() / MIB
+            reserved = torch.cuda.max_memory_reserved() / MIB
         else:
-            peak = tracker.peak / MIB
+            peak = reserved = tracker.peak / MIB
     except Exception as err:
         if not is_oom(err):
             raise
@@ -56,8 +67,77 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         "batch": batch,
         "fits": fits,
         "peak_mib": peak,
+        "peak_reserved_mib": reserved,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def _linear_fit(ok: dict[int, float]):
+    """(fixed, per_sample) in MiB through the two largest fitting batches, or None."""
+    if len(ok) < 2:
+        return None
+    (b1, p1), (b2, p2) = sorted(ok.items())[-2:]
+    per_sample = (p2 - p1) / (b2 - b1)
+    return (p1 - per_sample * b1, per_sample) if per_sample > 0 else None
+
+
+def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
+    """Find lo (fits) and hi = lo + g (fails) with few trials; `test(b)` -> peak MiB or None."""
+    ok, lo, hi, first_guess = {}, 0, None, None
+
+    def run(b):
+        nonlocal lo, hi
+        peak = test(b)
+        if peak is None:
+            hi = b if hi is None else min(hi, b)
+        else:
+            ok[b], lo = peak, max(lo, b)
+
+    for b in sorted({min(g, cap), min(4 * g, cap)}):  # two probes for the first fit
+        run(b)
+        if hi is not None:
+            break
+    # Upwards while the fit (refitted on every success) is right; the first miss brackets it.
+    while hi is None and lo < cap:
+        fit = _linear_fit(ok)
+        if fit is None:  # flat peaks at tiny batches: double instead
+            b = 2 * lo
+        else:
+            b = int((available_mib - fit[0]) / fit[1]) // g * g
+            first_guess = b if first_guess is None else first_guess
+        run(min(max(b, lo + g), cap))
+    # A miss is usually just above the boundary: walk down from it in doubling steps (starting
+    # at 1% of the batch), never below the midpoint, so the worst case is plain bisection.
+    step = max(g, (hi or 0) // 100 // g * g)
+    while hi is not None and hi - lo > g:
+        middle = lo + (hi - lo) // (2 * g) * g
+        run(max(hi - step, middle))
+        step *= 2
+    return {"lo": lo, "hi": hi, "fit": _linear_fit(ok), "first_guess": first_guess}
+
+
+def _bisect_search(test, g: int, cap: int) -> dict:
+    lo, hi, b = 0, None, g
+    while hi is None and lo < cap:
+        b = min(b, cap)
+        if test(b) is None:
+            hi = b
+        else:
+            lo, b = b, 2 * b
+    while hi is not None and hi - lo > g:
+        mid = lo + (hi - lo) // (2 * g) * g
+        lo, hi = (mid, hi) if test(mid) is not None else (lo, mid)
+    return {"lo": lo, "hi": hi, "fit": None, "first_guess": None}
+
+
+def available_mib(cfg: dict, device: str) -> float:
+    """Memory a trial may take: the budget, or on a GPU what is free (plus our own cache)."""
+    budget = budget_bytes(cfg, device)
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        free += torch.cuda.memory_reserved()
+        budget = free if budget is None else min(budget, free)
+    return budget / MIB
 
 
 def search_max_batch(
@@ -71,45 +151,46 @@ def search_max_batch(
             "--config \"search={'cpu_memory_budget_gib': 0.0625}\""
         )
     limit_gpu_memory(cfg, device)
-    cap = min(cfg["search"]["max_batch"], data.max_batch(cfg["model"]["seq_len"]))
+    free_memory(device)
+    search = cfg["search"]
+    g = search["granularity"]
+    cap = min(search["max_batch"], data.max_batch(cfg["model"]["seq_len"])) // g * g
+    avail = available_mib(cfg, device)
     t0, trials = time.perf_counter(), []
 
-    def fits(batch: int) -> bool:
+    def test(batch: int):
         trials.append(_trial(cfg, spec, data, batch, device))
         t = trials[-1]
         progress(
-            f"[search {technique}] batch {batch}: {'fits' if t['fits'] else 'out of memory'}"
-            f" ({t['seconds']:.1f} s)"
+            f"[search {technique}] batch {batch}: "
+            + (f"fits, peak {t['peak_mib']:,.0f} MiB" if t["fits"] else "out of memory")
+            + f" ({t['seconds']:.1f} s)"
         )
-        return t["fits"]
+        # The fit follows reserved memory: the allocator's limit applies to what it reserves.
+        return t["peak_reserved_mib"] if t["fits"] else None
 
-    lo, hi, batch = 0, None, 1
-    while hi is None:
-        batch = min(batch, cap)
-        if not fits(batch):
-            hi = batch
-        elif batch == cap:
-            break
-        else:
-            lo, batch = batch, batch * 2
-    if hi is not None:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if cap < g:
+        found = {"lo": 0, "hi": None, "fit": None, "first_guess": None}
+    elif search["strategy"] == "fit":
+        found = _fit_search(test, g, cap, avail)
     else:
-        lo = cap
+        found = _bisect_search(test, g, cap)
+    lo, hi, fit = found["lo"], found["hi"], found["fit"]
     status = "capped" if hi is None else ("none_fits" if lo == 0 else "ok")
-    budget = budget_bytes(cfg, device)
-    if budget is None and device == "cuda":
-        budget = torch.cuda.get_device_properties(0).total_memory
     return {
         "technique": technique,
         "spec": spec,
         "status": status,
         "max_batch": lo,
         "first_failing_batch": hi,
+        "granularity": g,
         "cap": cap,
-        "budget_mib": budget / MIB,
+        "strategy": search["strategy"],
+        "budget_mib": avail,
+        "fit": None if fit is None else {"fixed_mib": fit[0], "per_sample_mib": fit[1]},
+        "predicted_batch": found["first_guess"],
+        "prediction_error": None if found["first_guess"] is None else found["first_guess"] - lo,
+        "allocator": cfg["measure"]["cuda_alloc_conf"] if device == "cuda" else None,
         "device": device,
         "seconds": round(time.perf_counter() - t0, 3),
         "trials": trials,

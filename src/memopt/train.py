@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import time
 
 import torch
@@ -304,6 +305,7 @@ def run_cell(
     if oom_message is not None:
         result.update(dict.fromkeys(MEASURED), status="oom", error=oom_message, loss_curve=[])
     free_memory(device)
+    result["allocator"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device == "cuda" else None
     result["provenance"] = provenance(device) | {
         "config_hash": config_hash(
             {k: cfg[k] for k in ("model", "train", "measure", "search")} | {"technique": spec}
