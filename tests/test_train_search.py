@@ -165,7 +165,8 @@ def simulated(fixed, per_sample, avail, overhead=0.0, curve=0.0):
 
 
 @pytest.mark.parametrize(
-    "overhead, curve", [(0.0, 0.0), (0.01, 0.0), (0.0, 0.002), (0.03, 0.0), (0.08, 0.001)]
+    "overhead, curve",
+    [(0.0, 0.0), (0.01, 0.0), (0.0, 0.002), (0.0, -0.02), (0.03, 0.0), (0.08, 0.001)],
 )
 @pytest.mark.parametrize("g", [1, 8])
 def test_fit_search_is_exact_and_needs_few_trials(overhead, curve, g):

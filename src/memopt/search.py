@@ -73,17 +73,18 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
 
 
 def _linear_fit(ok: dict[int, float]):
-    """(fixed, per_sample) in MiB through the two largest fitting batches, or None."""
+    """(fixed, per_sample) in MiB through the smallest and the largest fitting batch (the widest
+    pair: neighbouring batches differ by less than the allocator's rounding), or None."""
     if len(ok) < 2:
         return None
-    (b1, p1), (b2, p2) = sorted(ok.items())[-2:]
+    (b1, p1), (b2, p2) = min(ok.items()), max(ok.items())
     per_sample = (p2 - p1) / (b2 - b1)
     return (p1 - per_sample * b1, per_sample) if per_sample > 0 else None
 
 
 def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
     """Find lo (fits) and hi = lo + g (fails) with few trials; `test(b)` -> peak MiB or None."""
-    ok, lo, hi, first_guess = {}, 0, None, None
+    ok, lo, hi, first_guess, up = {}, 0, None, None, g
 
     def run(b):
         nonlocal lo, hi
@@ -98,6 +99,8 @@ def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
         if hi is not None:
             break
     # Upwards while the fit (refitted on every success) is right; the first miss brackets it.
+    # Where the fit says "here" but the batch still fits, gallop (g, 2g, 4g, ...) so that a fit
+    # that underestimates cannot make the search creep up one batch at a time.
     while hi is None and lo < cap:
         fit = _linear_fit(ok)
         if fit is None:  # flat peaks at tiny batches: double instead
@@ -105,7 +108,9 @@ def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
         else:
             b = int((available_mib - fit[0]) / fit[1]) // g * g
             first_guess = b if first_guess is None else first_guess
-        run(min(max(b, lo + g), cap))
+        if b < lo + up:
+            b, up = lo + up, up * 2
+        run(min(b, cap))
     # A miss is usually just above the boundary: walk down from it in doubling steps (starting
     # at 1% of the batch), never below the midpoint, so the worst case is plain bisection.
     step = max(g, (hi or 0) // 100 // g * g)
