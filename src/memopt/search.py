@@ -84,40 +84,44 @@ def _linear_fit(ok: dict[int, float]):
 
 def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
     """Find lo (fits) and hi = lo + g (fails) with few trials; `test(b)` -> peak MiB or None."""
-    ok, lo, hi, first_guess, up = {}, 0, None, None, g
+    ok, tried, lo, hi = {}, set(), 0, None
+    first_guess, up, down, guessed = None, g, None, False
 
     def run(b):
         nonlocal lo, hi
+        tried.add(b)
         peak = test(b)
         if peak is None:
             hi = b if hi is None else min(hi, b)
         else:
             ok[b], lo = peak, max(lo, b)
+        return peak is not None
 
     for b in sorted({min(g, cap), min(4 * g, cap)}):  # two probes for the first fit
-        run(b)
-        if hi is not None:
+        if not run(b):
             break
-    # Upwards while the fit (refitted on every success) is right; the first miss brackets it.
-    # Where the fit says "here" but the batch still fits, gallop (g, 2g, 4g, ...) so that a fit
-    # that underestimates cannot make the search creep up one batch at a time.
-    while hi is None and lo < cap:
+    while lo < cap and (hi is None or hi - lo > g):
+        upper = cap if hi is None else hi - g
         fit = _linear_fit(ok)
-        if fit is None:  # flat peaks at tiny batches: double instead
-            b = 2 * lo
+        guess = None if fit is None else int((available_mib - fit[0]) / fit[1]) // g * g
+        if first_guess is None:
+            first_guess = guess
+        if guess is not None and hi is None and guess > cap:
+            b = cap  # everything up to the cap should fit: check the cap itself
+        elif guess is not None and lo < guess <= upper and guess not in tried:
+            b = guess  # the refitted prediction
+        elif guessed and lo + g <= upper:
+            b = lo + g  # the last prediction fitted: is it the boundary?
+        elif hi is None:
+            b, up = min(lo + up if fit else 2 * lo, cap), up * 2  # gallop up
         else:
-            b = int((available_mib - fit[0]) / fit[1]) // g * g
-            first_guess = b if first_guess is None else first_guess
-        if b < lo + up:
-            b, up = lo + up, up * 2
-        run(min(b, cap))
-    # A miss is usually just above the boundary: walk down from it in doubling steps (starting
-    # at 1% of the batch), never below the midpoint, so the worst case is plain bisection.
-    step = max(g, (hi or 0) // 100 // g * g)
-    while hi is not None and hi - lo > g:
-        middle = lo + (hi - lo) // (2 * g) * g
-        run(max(hi - step, middle))
-        step *= 2
+            # A miss is usually a little above the boundary: walk down from it in doubling
+            # steps (from 2% of the batch), never below the midpoint (worst case: bisection).
+            down = down or max(g, hi // 50 // g * g)
+            b, down = max(hi - down, lo + (hi - lo) // (2 * g) * g), down * 2
+        if b == guess:
+            down = None  # a fresh prediction: a miss restarts the walk with small steps
+        guessed = run(b) and b == guess
     return {"lo": lo, "hi": hi, "fit": _linear_fit(ok), "first_guess": first_guess}
 
 
@@ -171,8 +175,9 @@ def search_max_batch(
             + (f"fits, peak {t['peak_mib']:,.0f} MiB" if t["fits"] else "out of memory")
             + f" ({t['seconds']:.1f} s)"
         )
-        # The fit follows reserved memory: the allocator's limit applies to what it reserves.
-        return t["peak_reserved_mib"] if t["fits"] else None
+        # The fit follows allocated memory: near the limit the caching allocator reserves
+        # whatever is free, so peak reserved is no function of the batch (seen on the H100).
+        return t["peak_mib"] if t["fits"] else None
 
     if cap < g:
         found = {"lo": 0, "hi": None, "fit": None, "first_guess": None}
