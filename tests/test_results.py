@@ -158,7 +158,13 @@ CONFIG = {
         "eval_batch_size": 4,
     },
     "measure": {"warmup_steps": 2, "exactness_tolerance": 0.05},
-    "search": {"memory_budget_gib": None, "max_batch": 1024, "trial_steps": 2},
+    "search": {
+        "memory_budget_gib": None,
+        "max_batch": 1024,
+        "trial_steps": 2,
+        "granularity": 1,
+        "strategy": "fit",
+    },
     "baseline": "baseline",
     "batch_sizes": ["same", "max"],
     "techniques": {

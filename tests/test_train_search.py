@@ -223,3 +223,9 @@ def test_search_granularity_and_strategies_agree(tokens):
     res = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
     assert res["max_batch"] % 4 == 0 and res["first_failing_batch"] == res["max_batch"] + 4
     assert res["max_batch"] <= fit["max_batch"] < res["max_batch"] + 4
+
+
+def test_search_raises_errors_other_than_out_of_memory(tokens):
+    cfg = study(local={"attention": "flex", "window": 8})
+    with pytest.raises(KernelUnavailable):
+        search_max_batch(cfg, "local", tokens, "cpu", lambda m: None)
