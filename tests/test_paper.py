@@ -212,3 +212,24 @@ def test_param_count_by_hand():
     # GPT-2 small with tied embeddings is the well-known 124,439,808.
     gpt2 = {"n_layers": 12, "d_model": 768, "n_heads": 12, "d_ff": 3072, "seq_len": 1024}
     assert param_count(gpt2, vocab_size=50257) == 124_439_808
+
+
+def test_pdf_without_a_tex_engine_says_so(monkeypatch, tmp_path):
+    from memopt import paper
+
+    monkeypatch.setattr(paper.shutil, "which", lambda name: None)
+    with pytest.raises(MemoptError, match="no TeX engine found .* paper.md and paper.tex"):
+        paper.build_pdf(tmp_path / "paper.tex", tmp_path / "paper.pdf")
+    assert not (tmp_path / "paper.pdf").exists()
+
+
+@pytest.mark.skipif(not shutil.which("pdflatex"), reason="no pdflatex here")
+def test_build_pdf_leaves_only_the_pdf(study):
+    from memopt.paper import build_pdf
+
+    _, out_tex = render(study)
+    out_tex.with_suffix(".pdf").unlink(missing_ok=True)  # another test may have compiled here
+    before = set(out_tex.parent.iterdir())
+    build_pdf(out_tex, out_tex.with_suffix(".pdf"))
+    assert set(out_tex.parent.iterdir()) - before == {out_tex.with_suffix(".pdf")}
+    assert out_tex.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"

@@ -21,9 +21,12 @@ import pytest
 import yaml
 from conftest import DATASET, _prose, write_speakleash_mirror
 
+from memopt.paper import tex_engine
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 pytestmark = pytest.mark.slow
+PDF = {"pdf": 1} if tex_engine() else {}  # paper.pdf is part of `all` where TeX is installed
 
 # The smoke study, smaller still, so the whole DAG runs twice in a few minutes on 2 cores.
 TINY = {
@@ -114,6 +117,8 @@ def check_outputs(wd: Path, techniques: list[str]) -> list[dict]:
     assert "\\begin{document}" in tex and "\\end{document}" in tex
     for r in rows:
         assert r["technique"].replace("_", "\\_") in tex and r["technique"] in paper
+    if tex_engine():
+        assert (wd / "paper/paper.pdf").stat().st_size > 10_000
     for name in ("memory", "throughput", "loss"):
         assert (wd / f"paper/figures/{name}.png").stat().st_size > 1000
         assert (wd / f"paper/figures/{name}.pdf").stat().st_size > 1000
@@ -160,15 +165,15 @@ def edited(*paths: Path):
 def test_template_edit_reruns_only_the_render(smoke):
     wd = smoke[0]
     with edited(wd / "paper/templates/paper.md.j2"):
-        assert planned(wd) == {"render": 1, "all": 1}
+        assert planned(wd) == {"render": 1, **PDF, "all": 1}
 
 
 def test_paper_code_edit_does_not_retrain(smoke):
     wd = smoke[0]
     with edited(wd / "src/memopt/paper.py"):
-        assert planned(wd) == {"render": 1, "all": 1}
+        assert planned(wd) == {"render": 1, **PDF, "all": 1}
     with edited(wd / "src/memopt/figures.py"):
-        assert planned(wd) == {"figures": 1, "render": 1, "all": 1}
+        assert planned(wd) == {"figures": 1, "render": 1, **PDF, "all": 1}
 
 
 def test_training_code_edit_retrains(smoke):
@@ -189,6 +194,7 @@ def test_one_technique_change_reruns_only_that_technique(smoke):
         "aggregate": 1,
         "figures": 1,
         "render": 1,
+        **PDF,
         "all": 1,
     }
     proc = snakemake(wd, "-n", *change)
@@ -211,9 +217,10 @@ def test_named_targets(smoke):
         "aggregate": 1,
         "figures": 1,
         "render": 1,
+        **PDF,
         "all": 1,
     }
-    assert planned(wd, "paper", "--forcerun", "render") == {"render": 1, "paper": 1}
+    assert planned(wd, "paper", "--forcerun", "render") == {"render": 1, **PDF, "paper": 1}
 
 
 def test_bad_config_stops_before_the_dag(smoke):

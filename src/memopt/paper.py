@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import jinja2
 
 from memopt.errors import MemoptError
+from memopt.fileio import atomic_path
 from memopt.results import (
     INT_COLUMNS,
     entry_sort_key,
@@ -329,3 +333,42 @@ def render_paper(
         texts[Path(out)] = _render(make_environment(Path(templates_dir), latex), template, context)
     for out, text in texts.items():
         write_text(out, text)
+
+
+# ---------------------------------------------------------------- PDF
+
+
+def tex_engine() -> list[str] | None:
+    """The command that turns the .tex into a PDF here, or None when no TeX engine is installed."""
+    if shutil.which("latexmk"):
+        return ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error"]
+    if shutil.which("pdflatex"):
+        return ["pdflatex", "-interaction=nonstopmode", "-halt-on-error"]
+    return None
+
+
+def build_pdf(tex_path: Path, pdf_out: Path) -> None:
+    """Compile the paper's .tex (figures are found relative to it); auxiliary files stay in a
+    temporary folder, so only the PDF lands beside the paper."""
+    engine = tex_engine()
+    if engine is None:
+        raise MemoptError(
+            "no TeX engine found (latexmk or pdflatex), so paper.pdf cannot be built; "
+            "paper.md and paper.tex are complete without it. Install one, e.g. "
+            "apt-get install texlive-latex-recommended texlive-latex-extra"
+        )
+    tex_path = Path(tex_path).resolve()
+    with tempfile.TemporaryDirectory() as build:
+        # pdflatex needs a second pass for references; latexmk decides by itself.
+        for _ in range(1 if engine[0] == "latexmk" else 2):
+            proc = subprocess.run(
+                [*engine, f"-output-directory={build}", tex_path.name],
+                cwd=tex_path.parent,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if proc.returncode != 0:
+                raise MemoptError(f"{engine[0]} failed on {tex_path}:\n{proc.stdout[-3000:]}")
+        with atomic_path(pdf_out) as tmp:
+            shutil.move(Path(build) / tex_path.with_suffix(".pdf").name, tmp)

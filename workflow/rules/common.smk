@@ -5,6 +5,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `pip install -e .`
 from memopt.config import validate_config
 from memopt.errors import ConfigError
+from memopt.paper import tex_engine
 from memopt.scripting import code_files
 
 
@@ -23,7 +24,7 @@ TECHNIQUES = list(STUDY["techniques"])
 BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
 FIGURES = expand("paper/figures/{name}.{ext}", name=["memory", "throughput", "loss"], ext=["pdf", "png"])
-PAPER = ["paper/paper.md", "paper/paper.tex"]
+PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
 TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
 

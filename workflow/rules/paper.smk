@@ -50,6 +50,22 @@ rule render:
         "../scripts/render.py"
 
 
+# paper.pdf: part of `all` where a TeX engine is installed; without one, asking for it explains.
+rule pdf:
+    output:
+        "paper/paper.pdf",
+    input:
+        tex=rules.render.output.tex,
+        figures=FIGURES,
+        code=code_files("paper"),
+    log:
+        "logs/pdf.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/pdf.py"
+
+
 # The paper alone, from the results present: `snakemake --cores 1 paper`.
 rule paper:
     input:
