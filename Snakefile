@@ -5,6 +5,9 @@
 # See README.md for targets, offline use and what every config key means.
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"

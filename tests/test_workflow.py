@@ -331,3 +331,11 @@ def test_paper_from_a_results_folder_without_snakemake(smoke, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "paper/paper.md").read_text() == (wd / "paper/paper.md").read_text()
     assert (tmp_path / "paper/figures/memory.pdf").exists()
+
+
+def test_html_report_carries_the_figures_and_the_summary(smoke):
+    wd = smoke[0]
+    snakemake(wd, "--report", "report.html")
+    html = (wd / "report.html").read_text(errors="replace")
+    for name in ("memory.png", "throughput.png", "loss.png", "summary.csv"):
+        assert name in html

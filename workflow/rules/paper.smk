@@ -1,6 +1,6 @@
 rule aggregate:
     output:
-        "results/summary.csv",
+        report("results/summary.csv", caption="../report/summary.rst", category="Results"),
     input:
         cells=CELLS,
         code=code_files("results"),
@@ -14,7 +14,13 @@ rule aggregate:
 
 rule figures:
     output:
-        FIGURES,
+        # In `snakemake --report report.html`: the PNGs, one subcategory per figure.
+        [
+            report(f, caption="../report/figure.rst", category="Figures", subcategory=Path(f).stem)
+            if f.endswith(".png")
+            else f
+            for f in FIGURES
+        ],
     input:
         summary=rules.aggregate.output,
         cells=CELLS,
