@@ -327,3 +327,50 @@ def test_exactness_compares_exact_techniques_with_the_baseline():
     assert check["rows"][0]["delta_val_loss"] == pytest.approx(0.03) and check["rows"][0]["ok"]
     assert not check["holds"] and check["failed"] == ["flash"]
     assert exactness(cells[:2], "baseline", 0.05)["holds"]
+
+
+def _spec_cell(t, prec, att, win, ck, tps, mem, ppl=50.0, entry="same"):
+    return dict(
+        technique=t,
+        batch_entry=entry,
+        batch_size=8,
+        status="ok",
+        precision=prec,
+        attention=att,
+        window=win,
+        checkpointing=ck,
+        checkpoint_every=2,
+        compile=False,
+        tokens_per_s=tps,
+        peak_allocated_mib=mem,
+        val_ppl=ppl,
+    )
+
+
+def test_incremental_effects_and_changes_against_the_baseline():
+    from memopt.results import incremental_effects, relative_to_baseline
+
+    cells = [
+        _spec_cell("baseline", "fp32", "math", None, "none", 100, 1000, 50.0),
+        _spec_cell("bf16", "bf16", "math", None, "none", 300, 900, 50.5),
+        _spec_cell("flash", "bf16", "flash", None, "none", 900, 450),
+        _spec_cell("local128", "bf16", "flex", 128, "none", 950, 450),
+        _spec_cell("gradcp", "fp32", "math", None, "full", 80, 300),
+        _spec_cell("flash", "bf16", "flash", None, "none", 999, 999, entry="max"),
+    ]
+    pairs = {(r["technique"], r["over"]): r for r in incremental_effects(cells)}
+    assert set(pairs) == {
+        ("bf16", "baseline"),
+        ("flash", "bf16"),
+        ("local128", "bf16"),
+        ("local128", "flash"),
+        ("gradcp", "baseline"),
+    }
+    assert pairs[("flash", "bf16")]["speedup"] == 3.0
+    assert pairs[("flash", "bf16")]["memory_reduction_pct"] == 50.0
+    assert pairs[("local128", "flash")]["change"] == "flash → flex + window 128"
+    assert pairs[("gradcp", "baseline")]["knob"] == "checkpointing"
+    rel = {(r["technique"], r["batch_entry"]): r for r in relative_to_baseline(cells, "baseline")}
+    assert rel[("bf16", "same")]["ppl_change_pct"] == pytest.approx(1.0)
+    assert rel[("flash", "max")]["speedup"] == pytest.approx(9.99)
+    assert ("baseline", "same") not in rel

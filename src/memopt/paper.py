@@ -23,8 +23,10 @@ from memopt.results import (
     INT_COLUMNS,
     entry_sort_key,
     exactness,
+    incremental_effects,
     read_json,
     read_summary,
+    relative_to_baseline,
     write_text,
 )
 
@@ -151,10 +153,13 @@ def _search(path: Path) -> dict:
         if key not in search:
             raise MemoptError(f"{path}: search JSON lacks required key '{key}'")
     failed = [t["batch"] for t in search["trials"] if not t["fits"]]
+    fit = search.get("fit") or {}
     return {
         **search,
         "n_trials": len(search["trials"]),
         "first_failing_batch": min(failed) if failed else None,
+        "fixed_mib": fit.get("fixed_mib"),
+        "per_sample_mib": fit.get("per_sample_mib"),
     }
 
 
@@ -293,6 +298,9 @@ def build_context(
         "measured": {k: first_ok.get(k) for k in ("steps", "warmup_steps", "timed_steps")},
         "findings": findings(cells, searches, baseline),
         "exactness": exactness(cells, baseline, config["measure"]["exactness_tolerance"]),
+        "relative": relative_to_baseline(cells, baseline),
+        "increments": incremental_effects(cells),
+        "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
         "provenance": _provenance(cells),
         "figures": figures,
     }

@@ -179,3 +179,78 @@ def exactness(cells: list[dict], baseline: str, tolerance: float) -> dict:
         "holds": all(r["ok"] for r in rows),
         "failed": [r["technique"] for r in rows if not r["ok"]],
     }
+
+
+def _ok(cells: list[dict], entry: str) -> dict[str, dict]:
+    return {c["technique"]: c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"}
+
+
+def _change(cell: dict, ref: dict) -> dict:
+    """Speed-up, memory reduction and perplexity change of `cell` against `ref`."""
+    return {
+        "speedup": cell["tokens_per_s"] / ref["tokens_per_s"],
+        "memory_reduction_pct": 100 * (1 - cell["peak_allocated_mib"] / ref["peak_allocated_mib"]),
+        "ppl_change_pct": 100 * (cell["val_ppl"] / ref["val_ppl"] - 1),
+    }
+
+
+def relative_to_baseline(cells: list[dict], baseline: str) -> list[dict]:
+    """Every ok cell against the baseline's `same` cell (the baseline at its maximum batch)."""
+    ref = _ok(cells, "same").get(baseline)
+    if ref is None:
+        return []
+    return [
+        {
+            "technique": c["technique"],
+            "batch_entry": c["batch_entry"],
+            "batch_size": c["batch_size"],
+            **_change(c, ref),
+        }
+        for c in cells
+        if c["status"] == "ok" and c["technique"] != baseline
+    ]
+
+
+# Knob groups: a technique differs from another in one group -> that group's incremental effect.
+KNOB_GROUPS = {
+    "precision": ["precision"],
+    "attention": ["attention", "window"],
+    "checkpointing": ["checkpointing", "checkpoint_every"],
+    "compile": ["compile"],
+}
+
+
+def _describe(cell: dict, keys: list[str]) -> str:
+    # The kernel that ran says more than the one asked for (`auto`).
+    value = {**cell, "attention": cell.get("kernel") or cell["attention"]}
+    parts = [str(value[k]) for k in keys if value[k] is not None and k != "checkpoint_every"]
+    if cell.get("window") is not None and "window" in keys:
+        parts[-1] = f"window {cell['window']}"
+    return " + ".join(parts)
+
+
+def incremental_effects(cells: list[dict]) -> list[dict]:
+    """At the `same` batch, every pair of techniques whose knobs differ in exactly one group
+    (precision, attention kernel/window, checkpointing, compile): the effect of that change, from
+    the technique listed first to the one listed later."""
+    same = _ok(cells, "same")
+    order = list(same)  # the config's technique order: a change goes from earlier to later
+    rows = []
+    for base_name, base in same.items():
+        for name, cell in same.items():
+            if order.index(name) <= order.index(base_name):
+                continue
+            groups = [g for g, keys in KNOB_GROUPS.items() if any(cell[k] != base[k] for k in keys)]
+            if len(groups) != 1:
+                continue
+            keys = KNOB_GROUPS[groups[0]]
+            rows.append(
+                {
+                    "technique": name,
+                    "over": base_name,
+                    "knob": groups[0],
+                    "change": f"{_describe(base, keys)} → {_describe(cell, keys)}",
+                    **_change(cell, base),
+                }
+            )
+    return rows
