@@ -1,8 +1,9 @@
 """Figures: every one written as PDF and PNG, non-empty, byte-identical on a rebuild."""
 
+import pytest
 from test_results import TECHNIQUES, make_cell, write_study
 
-from memopt.figures import make_figures
+from memopt.figures import FIGURE_NAMES, make_figures, pareto
 from memopt.results import aggregate, write_json
 
 
@@ -11,7 +12,8 @@ def test_figures_exist_as_pdf_and_png(tmp_path):
     aggregate(study["cells"], study["summary"])
     paths = make_figures(study["summary"], study["cells"], tmp_path / "paper" / "figures")
     names = sorted(p.name for p in paths)
-    expected = [f"{n}.{e}" for n in ("loss", "memory", "throughput") for e in ("pdf", "png")]
+    expected = sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in ("pdf", "png"))
+    assert len(expected) == 14
     assert names == expected
     for path in paths:
         head = path.read_bytes()[:8]
@@ -31,4 +33,35 @@ def test_figures_when_every_cell_is_oom(tmp_path):
         cells.append(path)
     aggregate(cells, tmp_path / "summary.csv")
     paths = make_figures(tmp_path / "summary.csv", cells, tmp_path / "figures")
+    assert len(paths) == 2 * len(FIGURE_NAMES)
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_figures_with_one_entry_and_a_renamed_baseline(tmp_path):
+    """Only `max` cells (no `same`), and a baseline name that is not in the study: still written."""
+    cells = []
+    for technique in TECHNIQUES:
+        path = tmp_path / "cells" / technique / "max.json"
+        write_json(path, make_cell(technique, "max", 16))
+        cells.append(path)
+    aggregate(cells, tmp_path / "summary.csv")
+    paths = make_figures(tmp_path / "summary.csv", cells, tmp_path / "figures", baseline="ref")
+    assert sorted(p.stem for p in paths) == sorted(FIGURE_NAMES * 2)
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+@pytest.mark.parametrize(
+    ("points", "frontier"),
+    [
+        ([], []),
+        ([(10.0, 5.0)], [(10.0, 5.0)]),
+        # (20, 4) uses more memory than (10, 5) and is slower: dominated
+        ([(20.0, 4.0), (10.0, 5.0), (30.0, 9.0)], [(10.0, 5.0), (30.0, 9.0)]),
+        # same memory, slower: dominated; same speed, more memory: dominated
+        ([(10.0, 5.0), (10.0, 3.0), (12.0, 5.0)], [(10.0, 5.0)]),
+        # an identical pair beats neither: both stay
+        ([(10.0, 5.0), (10.0, 5.0), (5.0, 1.0)], [(5.0, 1.0), (10.0, 5.0), (10.0, 5.0)]),
+    ],
+)
+def test_pareto(points, frontier):
+    assert pareto(points) == frontier

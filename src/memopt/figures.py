@@ -1,5 +1,8 @@
 """Paper figures from summary.csv (and the loss curves in the cell JSONs).
 
+Every name in FIGURE_NAMES is always written (as .pdf and .png), so the workflow's declared
+outputs exist even for a study where every cell is oom: an empty figure says so in its plot.
+
 Uses matplotlib's object API (Figure, no pyplot) so nothing depends on a display or global state.
 An oom cell is drawn as a hatched "OOM" column, never as a zero bar: zero would read as "free".
 """
@@ -11,12 +14,13 @@ from pathlib import Path
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
 from memopt.results import entry_sort_key, loss_curves, read_summary
 
-FIGURE_NAMES = ("memory", "throughput", "loss")
+FIGURE_NAMES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
 ENTRY_COLORS = {"same": "#4C72B0", "max": "#DD8452"}
 OTHER_COLORS = ["#55A868", "#8172B3", "#937860", "#DA8BC3"]
 # PDFs carry no creation date and PNGs no software stamp, so a rebuild gives identical bytes.
@@ -50,6 +54,30 @@ def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
     return paths
 
 
+def _mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> None:
+    """A full-height hatched band with a label, in axes coordinates: no value to be misread."""
+    ax.axvspan(
+        x - width / 2,
+        x + width / 2,
+        facecolor="none",
+        edgecolor=edgecolor,
+        hatch="///",
+        linewidth=0.8,
+    )
+    ax.text(
+        x,
+        0.5,
+        label,
+        rotation=90,
+        ha="center",
+        va="center",
+        transform=ax.get_xaxis_transform(),
+        fontsize=8,
+        color="#B00020",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+    )
+
+
 def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
     """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column."""
     techniques = list(dict.fromkeys(summary["technique"]))
@@ -70,27 +98,7 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
             x = i + (j - (len(entries) - 1) / 2) * width
             batch = "" if row["batch_size"] != row["batch_size"] else f"b={int(row['batch_size'])}"
             if row["status"] == "oom":
-                # Full-height hatched band in axes coordinates: it has no value to be misread.
-                ax.axvspan(
-                    x - width / 2,
-                    x + width / 2,
-                    facecolor="none",
-                    edgecolor=colors[entry],
-                    hatch="///",
-                    linewidth=0.8,
-                )
-                ax.text(
-                    x,
-                    0.5,
-                    f"OOM {batch}".strip(),
-                    rotation=90,
-                    ha="center",
-                    va="center",
-                    transform=ax.get_xaxis_transform(),
-                    fontsize=8,
-                    color="#B00020",
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
-                )
+                _mark_unmeasured(ax, x, width, f"OOM {batch}".strip(), colors[entry])
                 continue
             value = float(row[column])
             ax.bar(x, value, width, color=colors[entry])
@@ -119,8 +127,7 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
 
 def _loss_figure(summary, curves: dict) -> Figure:
     """Training loss per step for every technique at the `same` batch (the fair comparison)."""
-    entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
-    entry = "same" if "same" in entries else entries[0]  # a study without `same` shows its first
+    entry = _main_entry(summary)
     fig = Figure(figsize=(6.0, 3.4))
     ax = fig.subplots()
     oom = []
@@ -149,23 +156,251 @@ def _loss_figure(summary, curves: dict) -> Figure:
     return fig
 
 
-def make_figures(summary_csv: Path, cell_paths: list[Path], out_dir: Path) -> list[Path]:
-    """Write memory, throughput and loss figures as .pdf and .png into out_dir; return the paths."""
+def _main_entry(summary) -> str:
+    """`same` (the fair comparison); a study without it shows its first entry."""
+    entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
+    return "same" if "same" in entries else entries[0]
+
+
+def _ok(summary):
+    return summary[summary["status"] == "ok"]
+
+
+def _placeholder(ax, text: str) -> None:
+    """A figure with nothing to plot still gets written, saying why it is empty."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
+    """Hatched full-width row for an oom cell in a horizontal bar chart: no value to misread."""
+    ax.axhspan(y - height / 2, y + height / 2, facecolor="none", edgecolor="#B00020", hatch="///")
+    ax.text(
+        0.5,
+        y,
+        text,
+        transform=ax.get_yaxis_transform(),
+        ha="center",
+        va="center",
+        fontsize=8,
+        color="#B00020",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+    )
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (memory, speed) points no other point beats: less or equal memory AND more or equal
+    speed, better in at least one. Sorted by memory ascending; identical points are all kept."""
+    frontier = [
+        p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)
+    ]
+    return sorted(frontier)
+
+
+def _tradeoff_figure(summary) -> Figure:
+    """Peak memory against throughput for every ok cell, Pareto frontier as a step line."""
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.subplots()
+    ok = _ok(summary).dropna(subset=["peak_allocated_mib", "tokens_per_s"])
+    if ok.empty:
+        _placeholder(ax, "no cell fitted in memory")
+        ax.set_title("Memory vs throughput")
+        return fig
+    one_entry = summary["batch_entry"].nunique() == 1
+    points = list(zip(ok["peak_allocated_mib"].astype(float), ok["tokens_per_s"].astype(float)))
+    front = pareto(points)
+    on_front = set(front)
+    fx, fy = zip(*front)
+    # Staircase: between two frontier points the best reachable speed is the cheaper one's.
+    ax.step(fx, fy, where="post", color="grey", linewidth=1.0, zorder=1)
+    for (x, y), (_, row) in zip(points, ok.iterrows()):
+        best = (x, y) in on_front
+        ax.scatter(
+            x,
+            y,
+            s=40 if best else 18,
+            zorder=2,
+            color="#DD8452" if best else "#4C72B0",
+            edgecolor="black" if best else "none",
+        )
+        label = row["technique"] if one_entry else f"{row['technique']} ({row['batch_entry']})"
+        ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    oom = summary[summary["status"] == "oom"]
+    if not oom.empty:
+        names = ", ".join(f"{r.technique} ({r.batch_entry})" for r in oom.itertuples())
+        ax.text(
+            0.99,
+            0.02,
+            f"OOM, not shown: {names}",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="#B00020",
+        )
+    ax.legend(
+        handles=[
+            Patch(color="#DD8452", label="Pareto-optimal"),
+            Patch(color="#4C72B0", label="dominated"),
+        ],
+        loc="upper left",  # up-left beats the frontier, so that corner is empty
+        frameon=False,
+    )
+    ax.margins(x=0.2, y=0.15)
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_xlabel("peak allocated memory (MiB)")
+    ax.set_ylabel("throughput (tokens/s)")
+    ax.set_title("Memory vs throughput (up and left is better)")
+    return fig
+
+
+def _memory_saved_figure(summary, baseline: str) -> Figure:
+    """Peak memory saved against the baseline at the `same` batch, one horizontal bar each."""
+    entry = _main_entry(summary)
+    rows = summary[summary["batch_entry"] == entry]
+    others = rows[rows["technique"] != baseline]
+    fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(others))))
+    ax = fig.subplots()
+    ax.set_title(f"Peak memory saved vs {baseline}, {_entry_label(entry)}")
+    base = rows[(rows["technique"] == baseline) & (rows["status"] == "ok")]
+    if base.empty or others.empty or base["peak_allocated_mib"].isna().all():
+        _placeholder(ax, f"no ok '{baseline}' cell at this batch to compare with")
+        return fig
+    base_peak = float(base["peak_allocated_mib"].iloc[0])
+    for i, row in enumerate(others.itertuples()):
+        if row.status != "ok" or row.peak_allocated_mib != row.peak_allocated_mib:
+            _oom_hband(ax, i, 0.7)
+            continue
+        saved = 100 * (1 - row.peak_allocated_mib / base_peak)
+        ax.barh(i, saved, 0.7, color="#55A868" if saved >= 0 else "#C44E52")
+        ax.text(
+            saved,
+            i,
+            f" {saved:.0f}% ",
+            va="center",
+            ha="left" if saved >= 0 else "right",
+            fontsize=7,
+        )
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(others)), others["technique"])
+    ax.set_ylim(len(others) - 0.5, -0.5)  # config order top to bottom
+    ax.set_xlim(min(0, ax.get_xlim()[0]) - 10, max(100, ax.get_xlim()[1]) + 5)
+    ax.set_xlabel(f"peak allocated memory saved (%, {baseline} = {base_peak:,.0f} MiB)")
+    return fig
+
+
+BREAKDOWN = [
+    ("weights_mib", "weights", "#4C72B0"),
+    ("gradients_mib", "gradients", "#DD8452"),
+    ("optimizer_state_mib", "optimizer state", "#55A868"),
+    ("activations_mib", "activations", "#8172B3"),
+]
+
+
+def _phases_figure(summary) -> Figure:
+    """Memory breakdown per technique at the `same` batch, stacked, with the peak marked."""
+    entry = _main_entry(summary)
+    rows = summary[summary["batch_entry"] == entry]
+    techniques = list(rows["technique"])
+    fig = Figure(figsize=(max(6.0, 1.1 * len(techniques)), 3.4))
+    ax = fig.subplots()
+    for i, row in enumerate(rows.itertuples()):
+        values = [getattr(row, col) for col, _, _ in BREAKDOWN]
+        if row.status != "ok" or any(v != v for v in values):  # oom, or no breakdown measured
+            _mark_unmeasured(ax, i, 0.7, "OOM" if row.status == "oom" else "n/a", "#B00020")
+            continue
+        bottom = 0.0
+        for value, (_, _, color) in zip(values, BREAKDOWN):
+            ax.bar(i, value, 0.7, bottom=bottom, color=color)
+            bottom += value
+        if row.peak_allocated_mib == row.peak_allocated_mib:
+            ax.plot(
+                i,
+                row.peak_allocated_mib,
+                marker="_",
+                markersize=28,
+                color="black",
+                markeredgewidth=2,
+            )
+    handles = [Patch(color=c, label=label) for _, label, c in BREAKDOWN]
+    handles.append(
+        Line2D(
+            [],
+            [],
+            marker="_",
+            linestyle="none",
+            color="black",
+            markersize=12,
+            markeredgewidth=2,
+            label="peak allocated",
+        )
+    )
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(techniques) - 0.4)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_ylabel("memory (MiB)")
+    ax.set_title(f"Memory by kind, {_entry_label(entry)}")
+    return fig
+
+
+def _max_batch_figure(summary) -> Figure:
+    """Each technique's `max` batch; one whose full run then ran out of memory is hatched."""
+    rows = summary[summary["batch_entry"] == "max"]
+    fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(rows))))
+    ax = fig.subplots()
+    ax.set_title("Largest batch that fits, per technique")
+    if rows.empty:
+        _placeholder(ax, "no max entries in this study")
+        return fig
+    for i, row in enumerate(rows.itertuples()):
+        if row.batch_size != row.batch_size:  # no batch found at all
+            _oom_hband(ax, i, 0.7)
+            continue
+        batch = int(row.batch_size)
+        if row.status == "ok":
+            ax.barh(i, batch, 0.7, color=ENTRY_COLORS["max"])
+            ax.text(batch, i, f" {batch}", va="center", fontsize=7)
+        else:  # the search's batch, which then failed the full run: outline, never a solid bar
+            ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
+            ax.text(
+                batch, i, f" {batch} (OOM in full run)", va="center", fontsize=7, color="#B00020"
+            )
+    ax.set_yticks(range(len(rows)), rows["technique"])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
+    ax.set_xlabel("batch size (sequences)")
+    return fig
+
+
+def make_figures(
+    summary_csv: Path, cell_paths: list[Path], out_dir: Path, *, baseline: str = "baseline"
+) -> list[Path]:
+    """Write every figure in FIGURE_NAMES as .pdf and .png into out_dir; return the paths.
+
+    baseline names the technique that memory_saved compares against.
+    """
     summary = read_summary(summary_csv)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
     with matplotlib.rc_context(STYLE):
-        memory = _bar_figure(
-            summary,
-            "peak_allocated_mib",
-            "peak allocated memory (MiB)",
-            "Peak allocated memory per step (incl. optimizer)",
-        )
-        paths += _save(memory, out_dir, "memory")
-        throughput = _bar_figure(
-            summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
-        )
-        paths += _save(throughput, out_dir, "throughput")
-        paths += _save(_loss_figure(summary, loss_curves(cell_paths)), out_dir, "loss")
-    return paths
+        figures = {
+            "memory": _bar_figure(
+                summary,
+                "peak_allocated_mib",
+                "peak allocated memory (MiB)",
+                "Peak allocated memory per step (incl. optimizer)",
+            ),
+            "throughput": _bar_figure(
+                summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
+            ),
+            "loss": _loss_figure(summary, loss_curves(cell_paths)),
+            "tradeoff": _tradeoff_figure(summary),
+            "memory_saved": _memory_saved_figure(summary, baseline),
+            "phases": _phases_figure(summary),
+            "max_batch": _max_batch_figure(summary),
+        }
+        return [path for name in FIGURE_NAMES for path in _save(figures[name], out_dir, name)]

@@ -30,7 +30,7 @@ from memopt.results import (
     write_text,
 )
 
-FIGURES = ("memory", "throughput", "loss")
+FIGURES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
 PROVENANCE_KEYS = (
     "git_commit",
     "config_hash",

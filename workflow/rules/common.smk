@@ -23,7 +23,7 @@ ROOT = Path(workflow.basedir)
 TECHNIQUES = list(STUDY["techniques"])
 BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
-FIGURES = expand("paper/figures/{name}.{ext}", name=["memory", "throughput", "loss"], ext=["pdf", "png"])
+FIGURES = expand("paper/figures/{name}.{ext}", name=["memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch"], ext=["pdf", "png"])
 PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
 TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)

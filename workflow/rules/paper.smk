@@ -25,6 +25,8 @@ rule figures:
         summary=rules.aggregate.output,
         cells=CELLS,
         code=code_files("figures"),
+    params:
+        baseline=STUDY["baseline"],
     log:
         "logs/figures.log",
     conda:

@@ -10,5 +10,8 @@ from memopt.scripting import logged  # noqa: E402
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):
     make_figures(
-        Path(sm.input.summary[0]), [Path(p) for p in sm.input.cells], Path(sm.output[0]).parent
+        Path(sm.input.summary[0]),
+        [Path(p) for p in sm.input.cells],
+        Path(sm.output[0]).parent,
+        baseline=sm.params.baseline,
     )
