@@ -374,3 +374,29 @@ def test_incremental_effects_and_changes_against_the_baseline():
     assert rel[("bf16", "same")]["ppl_change_pct"] == pytest.approx(1.0)
     assert rel[("flash", "max")]["speedup"] == pytest.approx(9.99)
     assert ("baseline", "same") not in rel
+
+
+def test_analysis_names_the_best_and_says_when_it_is_within_noise():
+    from memopt.results import analysis
+
+    def cell(t, mean, std, mem, tps, entry="same"):
+        return {
+            "technique": t,
+            "batch_entry": entry,
+            "status": "ok",
+            "step_time_ms_mean": mean,
+            "step_time_ms_std": std,
+            "peak_allocated_mib": mem,
+            "tokens_per_s": tps,
+        }
+
+    cells = [
+        cell("a", 10.0, 0.5, 100, 50),
+        cell("b", 10.8, 0.4, 80, 45),
+        cell("c", 12.0, 0.1, 90, 40),
+        cell("d", 9.0, 0.1, 200, 60, entry="max"),
+    ]
+    result = analysis(cells)
+    assert result["fastest"] == {"technique": "a", "within_noise": ["b"]}  # 0.8 <= 0.5 + 0.4
+    assert result["lowest_memory"] == {"technique": "b", "peak_mib": 80}
+    assert result["pareto"] == ["a (same)", "b (same)", "d (max)"]  # c: b uses less, is faster

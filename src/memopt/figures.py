@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
-from memopt.results import entry_sort_key, loss_curves, read_summary
+from memopt.results import entry_sort_key, loss_curves, pareto, read_summary
 
 FIGURE_NAMES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
 ENTRY_COLORS = {"same": "#4C72B0", "max": "#DD8452"}
@@ -187,15 +187,6 @@ def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
         color="#B00020",
         bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
     )
-
-
-def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (memory, speed) points no other point beats: less or equal memory AND more or equal
-    speed, better in at least one. Sorted by memory ascending; identical points are all kept."""
-    frontier = [
-        p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)
-    ]
-    return sorted(frontier)
 
 
 def _tradeoff_figure(summary) -> Figure:

@@ -16,11 +16,13 @@ import tempfile
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from memopt.errors import MemoptError
 from memopt.fileio import atomic_path
 from memopt.results import (
     INT_COLUMNS,
+    analysis,
     entry_sort_key,
     exactness,
     incremental_effects,
@@ -299,6 +301,8 @@ def build_context(
         "findings": findings(cells, searches, baseline),
         "exactness": exactness(cells, baseline, config["measure"]["exactness_tolerance"]),
         "relative": relative_to_baseline(cells, baseline),
+        "analysis": analysis(cells),
+        "config_yaml": yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(),
         "increments": incremental_effects(cells),
         "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
         "provenance": _provenance(cells),

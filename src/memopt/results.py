@@ -254,3 +254,49 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
                 }
             )
     return rows
+
+
+def analysis(cells: list[dict]) -> dict:
+    """What the numbers say at the `same` batch, for the generated analysis text: the best
+    technique on each axis, whether the runner-up is within measured noise (the two step-time
+    standard deviations added), and the memory-speed Pareto set over every ok cell."""
+    same = list(_ok(cells, "same").values())
+    result = {"fastest": None, "lowest_memory": None, "pareto": []}
+    if same:
+        by_speed = sorted(same, key=lambda c: c["step_time_ms_mean"])
+        best = by_speed[0]
+        tied = [
+            c["technique"]
+            for c in by_speed[1:]
+            if c["step_time_ms_mean"] - best["step_time_ms_mean"]
+            <= (best["step_time_ms_std"] or 0) + (c["step_time_ms_std"] or 0)
+        ]
+        result["fastest"] = {"technique": best["technique"], "within_noise": tied}
+        low = min(same, key=lambda c: c["peak_allocated_mib"])
+        result["lowest_memory"] = {
+            "technique": low["technique"],
+            "peak_mib": low["peak_allocated_mib"],
+        }
+    ok = [c for c in cells if c["status"] == "ok"]
+    result["pareto"] = [
+        f"{c['technique']} ({c['batch_entry']})"
+        for c in ok
+        if not any(
+            o["peak_allocated_mib"] <= c["peak_allocated_mib"]
+            and o["tokens_per_s"] >= c["tokens_per_s"]
+            and o is not c
+            and (o["peak_allocated_mib"], o["tokens_per_s"])
+            != (c["peak_allocated_mib"], c["tokens_per_s"])
+            for o in ok
+        )
+    ]
+    return result
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (memory, speed) points no other point beats: less or equal memory AND more or equal
+    speed, better in at least one. Sorted by memory ascending; identical points are all kept."""
+    frontier = [
+        p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)
+    ]
+    return sorted(frontier)
