@@ -18,9 +18,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
-from memopt.results import entry_sort_key, loss_curves, pareto, read_summary
+from memopt.results import FIGURE_NAMES, entry_sort_key, loss_curves, pareto, read_summary
 
-FIGURE_NAMES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
 ENTRY_COLORS = {"same": "#4C72B0", "max": "#DD8452"}
 OTHER_COLORS = ["#55A868", "#8172B3", "#937860", "#DA8BC3"]
 # PDFs carry no creation date and PNGs no software stamp, so a rebuild gives identical bytes.

@@ -21,6 +21,7 @@ import yaml
 from memopt.errors import MemoptError
 from memopt.fileio import atomic_path
 from memopt.results import (
+    FIGURE_NAMES,
     INT_COLUMNS,
     analysis,
     entry_sort_key,
@@ -32,7 +33,6 @@ from memopt.results import (
     write_text,
 )
 
-FIGURES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
 PROVENANCE_KEYS = (
     "git_commit",
     "config_hash",
@@ -278,7 +278,7 @@ def build_context(
     except KeyError as e:
         raise MemoptError(f"config or token meta lacks key {e} needed by the paper") from None
     figures = {}
-    for name in FIGURES:
+    for name in FIGURE_NAMES:
         path = Path(figures_dir) / f"{name}.{figure_ext}"
         if not path.exists():
             raise MemoptError(f"{path}: figure not found (run the figures step first)")

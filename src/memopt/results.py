@@ -34,6 +34,9 @@ PHASE_KEYS = [
 ]
 BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits".split()
 STATUSES = ("ok", "oom")
+# The paper's figures (memopt.figures writes each as .pdf and .png; the workflow and the paper
+# name them from here).
+FIGURE_NAMES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
 
 # Column order of summary.csv: identity, spec, setup, timing, memory, quality, provenance.
 SUMMARY_COLUMNS = (

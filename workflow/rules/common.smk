@@ -6,6 +6,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `
 from memopt.config import validate_config
 from memopt.errors import ConfigError
 from memopt.paper import tex_engine
+from memopt.results import FIGURE_NAMES
 from memopt.scripting import code_files
 
 
@@ -23,7 +24,7 @@ ROOT = Path(workflow.basedir)
 TECHNIQUES = list(STUDY["techniques"])
 BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
-FIGURES = expand("paper/figures/{name}.{ext}", name=["memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch"], ext=["pdf", "png"])
+FIGURES = expand("paper/figures/{name}.{ext}", name=FIGURE_NAMES, ext=["pdf", "png"])
 PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
 TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
