@@ -10,17 +10,24 @@ from memopt.results import aggregate, write_json
 def test_figures_exist_as_pdf_and_png(tmp_path):
     study = write_study(tmp_path)
     aggregate(study["cells"], study["summary"])
-    paths = make_figures(study["summary"], study["cells"], tmp_path / "paper" / "figures")
+    paths = make_figures(
+        study["summary"],
+        study["cells"],
+        tmp_path / "paper" / "figures",
+        search_paths=study["searches"],
+    )
     names = sorted(p.name for p in paths)
     expected = sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in ("pdf", "png"))
-    assert len(expected) == 14
+    assert len(expected) == 2 * 10
     assert names == expected
     for path in paths:
         head = path.read_bytes()[:8]
         assert path.stat().st_size > 5000
         assert head.startswith(b"%PDF") if path.suffix == ".pdf" else head == b"\x89PNG\r\n\x1a\n"
 
-    again = make_figures(study["summary"], study["cells"], tmp_path / "again")
+    again = make_figures(
+        study["summary"], study["cells"], tmp_path / "again", search_paths=study["searches"]
+    )
     for first, second in zip(paths, again):  # reproducible: no dates or versions in the files
         assert first.read_bytes() == second.read_bytes(), first.name
 

@@ -30,7 +30,9 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     paths = write_study(root)
     aggregate(paths["cells"], paths["summary"])
-    make_figures(paths["summary"], paths["cells"], root / "paper" / "figures")
+    make_figures(
+        paths["summary"], paths["cells"], root / "paper" / "figures", search_paths=paths["searches"]
+    )
     return paths | {"root": root, "figures": root / "paper" / "figures"}
 
 

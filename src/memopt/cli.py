@@ -75,11 +75,12 @@ def cmd_paper(args) -> None:
             f"{len(missing)} cell result(s) missing under {results}: " + ", ".join(missing[:5])
         )
     summary = results / "summary.csv"
+    searches = sorted((results / "search").glob("*.json"))
     aggregate(cells, summary)
-    make_figures(summary, cells, out / "figures")
+    make_figures(summary, cells, out / "figures", search_paths=searches)
     render_paper(
         summary,
-        sorted((results / "search").glob("*.json")),
+        searches,
         Path(args.data) / "corpus" / "stats.json",
         Path(args.data) / "tokens" / "meta.json",
         study,

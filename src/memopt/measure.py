@@ -3,6 +3,7 @@ summary statistics and provenance."""
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import subprocess
@@ -184,6 +185,10 @@ def summarize(values: list[float]) -> dict:
 
 
 def git_commit(root: Path | None = None) -> str | None:
+    """HEAD of the checkout memopt runs from; MEMOPT_GIT_COMMIT names it for a copy without
+    .git (e.g. a working tree shipped to a GPU machine)."""
+    if os.environ.get("MEMOPT_GIT_COMMIT"):
+        return os.environ["MEMOPT_GIT_COMMIT"]
     root = root or Path(memopt.__file__).resolve().parents[2]
     try:
         out = subprocess.run(
@@ -227,6 +232,8 @@ def provenance(device: str) -> dict:
         "driver": gpu_driver() if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "cpu": platform.processor() or platform.machine(),
+        "host": platform.node(),
+        "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid) if cuda else None,
         "flash_attn": flash_attn_version,
         "git_commit": git_commit(),
     }

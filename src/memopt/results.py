@@ -23,9 +23,9 @@ CELL_KEYS = """
 SPEC_KEYS = ["precision", "attention", "window", "checkpointing", "checkpoint_every", "compile"]
 STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90"]
 # Provenance is optional per key (older cells may lack some); copied so the paper can cite it.
-PROVENANCE_KEYS = (
-    "torch python cuda cudnn gpu driver flash_attn git_commit config_hash memopt".split()
-)
+PROVENANCE_KEYS = """
+    torch python cuda cudnn gpu driver flash_attn git_commit config_hash memopt host gpu_uuid
+""".split()
 # Memory read after each phase of one step, and its breakdown (see memopt.train.measured_step).
 PHASE_KEYS = [
     f"{when}_{phase}_mib"
@@ -36,7 +36,19 @@ BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits".split()
 STATUSES = ("ok", "oom")
 # The paper's figures (memopt.figures writes each as .pdf and .png; the workflow and the paper
 # name them from here).
-FIGURE_NAMES = ("memory", "throughput", "loss", "tradeoff", "memory_saved", "phases", "max_batch")
+FIGURE_NAMES = (
+    "memory",
+    "throughput",
+    "memory_batch",
+    "speed_batch",
+    "loss",
+    "tradeoff",
+    "memory_saved",
+    "windows",
+    "phases",
+    "max_batch",
+)
+
 
 # Column order of summary.csv: identity, spec, setup, timing, memory, quality, provenance.
 SUMMARY_COLUMNS = (
@@ -303,3 +315,28 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
         p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)
     ]
     return sorted(frontier)
+
+
+# Workflow stages in the order they run; a Snakemake benchmark file belongs to one by its path:
+# results/benchmarks/<stage>.tsv or results/benchmarks/<stage>/<...>.tsv.
+STAGES = ("corpus", "tokenizer", "tokens", "search", "cell")
+
+
+def stage_times(benchmark_paths: list[Path]) -> dict:
+    """Wall-clock seconds per stage (summed over its jobs) from Snakemake benchmark files, and
+    the total. Stages without a file are left out; the total covers only what was recorded."""
+    seconds: dict[str, list[float]] = {}
+    for path in map(Path, benchmark_paths):
+        stage = next((part for part in (path.stem, *path.parts) if part in STAGES), None)
+        if stage is None:
+            raise MemoptError(f"{path}: not a benchmark of a stage ({', '.join(STAGES)})")
+        frame = pd.read_csv(path, sep="\t")
+        if "s" not in frame.columns or frame.empty:
+            raise MemoptError(f"{path}: a Snakemake benchmark needs a column 's' and one row")
+        seconds.setdefault(stage, []).append(float(frame["s"].iloc[0]))
+    rows = [
+        {"stage": stage, "jobs": len(seconds[stage]), "seconds": sum(seconds[stage])}
+        for stage in STAGES
+        if stage in seconds
+    ]
+    return {"rows": rows, "total_s": sum(r["seconds"] for r in rows) if rows else None}

@@ -10,6 +10,8 @@ rule corpus:
         cache_dir="data/corpus/.speakleash",
     log:
         "logs/corpus.log",
+    benchmark:
+        "results/benchmarks/corpus.tsv"
     conda:
         CONDA_ENV
     script:
@@ -29,6 +31,8 @@ rule tokenizer:
     threads: 1
     log:
         "logs/tokenizer.log",
+    benchmark:
+        "results/benchmarks/tokenizer.tsv"
     conda:
         CONDA_ENV
     script:
@@ -46,6 +50,8 @@ rule tokens:
     threads: 4
     log:
         "logs/tokens.log",
+    benchmark:
+        "results/benchmarks/tokens.tsv"
     conda:
         CONDA_ENV
     script:

@@ -6,6 +6,8 @@ rule aggregate:
         code=code_files("results"),
     log:
         "logs/aggregate.log",
+    benchmark:
+        "results/benchmarks/aggregate.tsv"
     conda:
         CONDA_ENV
     script:
@@ -24,11 +26,14 @@ rule figures:
     input:
         summary=rules.aggregate.output,
         cells=CELLS,
+        searches=expand("results/search/{technique}.json", technique=TECHNIQUES),
         code=code_files("figures"),
     params:
         baseline=STUDY["baseline"],
     log:
         "logs/figures.log",
+    benchmark:
+        "results/benchmarks/figures.tsv"
     conda:
         CONDA_ENV
     script:
@@ -52,6 +57,8 @@ rule render:
         templates=ROOT / "paper" / "templates",
     log:
         "logs/render.log",
+    benchmark:
+        "results/benchmarks/render.tsv"
     conda:
         CONDA_ENV
     script:
@@ -68,6 +75,8 @@ rule pdf:
         code=code_files("paper"),
     log:
         "logs/pdf.log",
+    benchmark:
+        "results/benchmarks/pdf.tsv"
     conda:
         CONDA_ENV
     script:

@@ -15,6 +15,8 @@ rule search:
     threads: 4
     log:
         "logs/search/{technique}.log",
+    benchmark:
+        "results/benchmarks/search/{technique}.tsv"
     conda:
         CONDA_ENV
     script:
@@ -37,6 +39,8 @@ rule cell:
     threads: 4
     log:
         "logs/cell/{technique}/{batch}.log",
+    benchmark:
+        "results/benchmarks/cell/{technique}/{batch}.tsv"
     conda:
         CONDA_ENV
     script:

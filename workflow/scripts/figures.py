@@ -13,5 +13,6 @@ with logged(sm.log[0]):
         Path(sm.input.summary[0]),
         [Path(p) for p in sm.input.cells],
         Path(sm.output[0]).parent,
+        search_paths=[Path(p) for p in sm.input.searches],
         baseline=sm.params.baseline,
     )

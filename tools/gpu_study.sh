@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The default study (config.yaml) on a GPU machine reached through the device tool, in pieces:
+# one device call may run 10 minutes and one machine is held 30, while the study takes longer, so
+# the study runs in the background (setsid) and later calls wait on it; at the end of a machine,
+# `save` packs the state, and the next machine's `start` restores it and Snakemake goes on.
+#
+#   carry [".whl", ".corpus", ".study"]; commands, from the repository root:
+#     MEMOPT_GIT_COMMIT=<sha> bash tools/gpu_study.sh start DEADLINE_S   # restore, launch
+#     bash tools/gpu_study.sh wait SECONDS                              # progress, at most SECONDS
+#     bash tools/gpu_study.sh save                                      # state -> $OUT/state.tar.gz
+#   Here, between machines: mkdir -p .study && cp <files_at>/state.tar.gz .study/
+#
+# .whl: wheels the GPU image lacks (../shared/hooks/device-wheels.sh); .corpus: speakleash.json and
+# eltec_pol_corpus.* from ../shared/corpus/speakleash. The corpus mirror is given relative (.corpus)
+# so the params Snakemake records do not depend on where the machine puts the checkout.
+#
+# Data (corpus, tokenizer, tokens: ~20 s) is rebuilt on every machine rather than carried (77 MB);
+# its SHA-256 sums must equal the first machine's, and the first machine's Snakemake metadata and
+# benchmarks are restored over it. Because rebuilt files are newer, Snakemake runs with
+# --rerun-triggers params input code software-env (no mtime): code, params and the set of inputs
+# still decide what reruns.
+#
+# `start DEADLINE_S` runs the targets below in order, each only while its estimate (H100 seconds,
+# from tools/bench_techniques.py at batch 16 scaled to the searched batch) still fits before the
+# deadline (seconds after start); the rest waits for the next machine.
+set -uo pipefail
+OUT=${OUT:-/tmp/memopt-study-out}
+STATE=.study/state.tar.gz
+RUNLOG=logs/study-run.log
+CONFIGFILE=${STUDY_CONFIG:-config.yaml}  # another config (e.g. the smoke study) tests this script
+CORPUS="corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '${STUDY_DATASET:-eltec_pol_corpus}'}"
+TARGETS=(
+  "searches 420"
+  "results/cells/gradcp/max.json 1150"
+  "results/cells/baseline/same.json 260"
+  "results/cells/baseline/max.json 260"
+  "results/cells/gradcp/same.json 320"
+  "results/cells/bf16/same.json 110"
+  "results/cells/bf16/max.json 110"
+  "results/cells/flash_gradcp/max.json 190"
+  "results/cells/flash_gradcp/same.json 60"
+  "results/cells/flash/max.json 90"
+  "results/cells/flash/same.json 50"
+  "results/cells/local128/max.json 90"
+  "results/cells/local128/same.json 50"
+  "results/cells/local256/max.json 90"
+  "results/cells/local256/same.json 50"
+  "paper 90"
+)
+if [ "$CONFIGFILE" != config.yaml ]; then  # searches, then every cell, then the paper: 20 s each
+  mapfile -t TARGETS < <(python3 -c "
+import yaml; c = yaml.safe_load(open('$CONFIGFILE'))
+print('searches 20'); [print(f'results/cells/{t}/{b}.json 20') for t in c['techniques'] for b in c['batch_sizes']]; print('paper 20')")
+fi
+
+setup() {
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+  fi
+  export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+}
+
+smk() {
+  python3 -m snakemake "$@" --cores all --resources gpu=1 --configfile "$CONFIGFILE" --config "$CORPUS" \
+    --rerun-triggers params input code software-env
+}
+
+run_targets() {  # the background job: each target while its estimate fits before the deadline
+  local deadline=$1 t0=$SECONDS
+  for entry in "${TARGETS[@]}"; do
+    read -r target est <<< "$entry"
+    if [ "$target" = searches ]; then
+      files=$(python3 -c "import yaml; print(' '.join(f'results/search/{t}.json' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques']))")
+    else
+      files=$target
+    fi
+    if smk -n $files 2>&1 | grep -q "Nothing to be done"; then
+      echo "== $target: done before"
+      continue
+    fi
+    left=$(( deadline - (SECONDS - t0) ))
+    if [ "$est" -gt "$left" ]; then
+      echo "== $target: estimate ${est}s > ${left}s left before the deadline; stopping here"
+      break
+    fi
+    echo "== $target (estimate ${est}s, ${left}s left) at $(date -u +%T)"
+    smk $files || { echo "== $target FAILED"; break; }
+  done
+  echo "== piece finished at $(date -u +%T) after $(( SECONDS - t0 )) s"
+}
+
+case ${1:-} in
+  start)
+    setup
+    mkdir -p logs "$OUT"
+    { nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } | tee -a logs/study-pieces.log
+    python3 -c "import psutil, snakemake, speakleash" || exit 1
+    if [ ! -f data/tokens/meta.json ]; then  # a fresh machine: rebuild the data, check it is the same
+      start=$SECONDS
+      smk data/tokens/meta.json > logs/study-data.log 2>&1 || { tail -30 logs/study-data.log; exit 1; }
+      echo "data rebuilt in $(( SECONDS - start )) s" | tee -a logs/study-pieces.log
+      if [ -f "$STATE" ]; then
+        tar xzf "$STATE" data.sha256 && sha256sum -c data.sha256 || { echo "data differs from the first piece"; exit 1; }
+      fi
+    fi
+    [ -f "$STATE" ] && tar xzf "$STATE"   # results, logs, benchmarks and metadata of earlier pieces
+    [ -f data.sha256 ] || sha256sum data/corpus/*.jsonl data/tokenizer/spm.model data/tokens/* > data.sha256
+    echo "piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
+    MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
+      setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk run_targets); run_targets $2" \
+      >> "$RUNLOG" 2>&1 < /dev/null &
+    echo "launched (pid $!)"
+    ;;
+  wait)
+    limit=${2:-540} start=$SECONDS
+    while [ $(( SECONDS - start )) -lt "$limit" ]; do
+      grep -q "== piece finished" "$RUNLOG" 2>/dev/null && break
+      sleep 10
+    done
+    grep -E "^== |steps \(|Error|error" "$RUNLOG" | tail -40
+    ls results/cells/*/*.json 2>/dev/null | wc -l | xargs echo "cells done:"
+    ;;
+  save)
+    mkdir -p "$OUT"
+    tar czf "$OUT/state.tar.gz" --exclude='*.pyc' data.sha256 results logs .snakemake/metadata \
+      data/corpus/stats.json data/tokens/meta.json data/tokenizer $(ls -d paper/paper.* paper/figures 2>/dev/null)
+    ls -la "$OUT"
+    ;;
+  *)
+    echo "usage: $0 start DEADLINE_S | wait SECONDS | save" >&2
+    exit 2
+    ;;
+esac
