@@ -15,10 +15,9 @@
 # so the params Snakemake records do not depend on where the machine puts the checkout.
 #
 # Data (corpus, tokenizer, tokens: ~20 s) is rebuilt on every machine rather than carried (77 MB);
-# its SHA-256 sums must equal the first machine's, and the first machine's Snakemake metadata and
-# benchmarks are restored over it. Because rebuilt files are newer, Snakemake runs with
-# --rerun-triggers params input code software-env (no mtime): code, params and the set of inputs
-# still decide what reruns.
+# its SHA-256 sums must equal the first machine's, whose modification times it then gets back. The
+# sources get one fixed old modification time before every Snakemake call (a copied checkout has
+# fresh ones), so Snakemake's usual rerun triggers see exactly what one uninterrupted run would.
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate (H100 seconds,
 # from tools/bench_techniques.py at batch 16 scaled to the searched batch) still fits before the
@@ -63,9 +62,12 @@ setup() {
 }
 
 smk() {
-  python3 -m snakemake "$@" --cores all --resources gpu=1 --configfile "$CONFIGFILE" --config "$CORPUS" \
-    --rerun-triggers params input code software-env
+  find Snakefile config.yaml config envs workflow src paper/templates -type f \
+    -exec touch -d @1767225600 {} +   # 2026-01-01: older than any result of the study
+  python3 -m snakemake "$@" --cores all --resources gpu=1 --configfile "$CONFIGFILE" --config "$CORPUS"
 }
+DATA="data/corpus/train.jsonl data/corpus/val.jsonl data/corpus/stats.json data/tokenizer/spm.model
+  data/tokenizer/spm.json data/tokens/train.bin data/tokens/val.bin data/tokens/meta.json"
 
 run_targets() {  # the background job: each target while its estimate fits before the deadline
   local deadline=$1 t0=$SECONDS
@@ -95,19 +97,26 @@ case ${1:-} in
   start)
     setup
     mkdir -p logs "$OUT"
-    { nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } | tee -a logs/study-pieces.log
+    info=$({ nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } 2>&1)
     python3 -c "import psutil, snakemake, speakleash" || exit 1
     if [ ! -f data/tokens/meta.json ]; then  # a fresh machine: rebuild the data, check it is the same
       start=$SECONDS
-      smk data/tokens/meta.json > logs/study-data.log 2>&1 || { tail -30 logs/study-data.log; exit 1; }
-      echo "data rebuilt in $(( SECONDS - start )) s" | tee -a logs/study-pieces.log
+      smk data/tokens/meta.json > /tmp/study-data.log 2>&1 || { tail -30 /tmp/study-data.log; exit 1; }
+      info+=$'\n'"data rebuilt in $(( SECONDS - start )) s"
       if [ -f "$STATE" ]; then
-        tar xzf "$STATE" data.sha256 && sha256sum -c data.sha256 || { echo "data differs from the first piece"; exit 1; }
+        tar xzf "$STATE" data.sha256 && sha256sum --quiet -c data.sha256 \
+          || { echo "the rebuilt data differs from the first piece's"; exit 1; }
       fi
     fi
     [ -f "$STATE" ] && tar xzf "$STATE"   # results, logs, benchmarks and metadata of earlier pieces
-    [ -f data.sha256 ] || sha256sum data/corpus/*.jsonl data/tokenizer/spm.model data/tokens/* > data.sha256
-    echo "piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
+    if [ -f data.mtimes ]; then  # the first piece's times: the data is as old as it was there
+      while read -r t f; do touch -d "@$t" "$f"; done < data.mtimes
+    else
+      sha256sum $DATA > data.sha256
+      stat -c '%.9Y %n' $DATA > data.mtimes
+    fi
+    echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
+    echo "== piece start $(date -u +%T)" >> "$RUNLOG"
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
       setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk run_targets); run_targets $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
@@ -116,16 +125,16 @@ case ${1:-} in
   wait)
     limit=${2:-540} start=$SECONDS
     while [ $(( SECONDS - start )) -lt "$limit" ]; do
-      grep -q "== piece finished" "$RUNLOG" 2>/dev/null && break
+      grep "^== piece" "$RUNLOG" | tail -1 | grep -q finished && break
       sleep 10
     done
-    grep -E "^== |steps \(|Error|error" "$RUNLOG" | tail -40
+    awk '/^== piece start/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RUNLOG" | grep -E "^== |steps \(|Error|error" | tail -40
     ls results/cells/*/*.json 2>/dev/null | wc -l | xargs echo "cells done:"
     ;;
   save)
     mkdir -p "$OUT"
-    tar czf "$OUT/state.tar.gz" --exclude='*.pyc' data.sha256 results logs .snakemake/metadata \
-      data/corpus/stats.json data/tokens/meta.json data/tokenizer $(ls -d paper/paper.* paper/figures 2>/dev/null)
+    tar czf "$OUT/state.tar.gz" --exclude='*.pyc' data.sha256 data.mtimes results logs .snakemake/metadata \
+      data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
     ls -la "$OUT"
     ;;
   *)
