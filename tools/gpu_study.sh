@@ -66,8 +66,11 @@ smk() {
     -exec touch -d @1767225600 {} +   # 2026-01-01: older than any result of the study
   python3 -m snakemake "$@" --cores all --resources gpu=1 --configfile "$CONFIGFILE" --config "$CORPUS"
 }
-DATA="data/corpus/train.jsonl data/corpus/val.jsonl data/corpus/stats.json data/tokenizer/spm.model
-  data/tokenizer/spm.json data/tokens/train.bin data/tokens/val.bin data/tokens/meta.json"
+# The data that must be identical on every machine (stats.json and spm.json name local paths and
+# times: the first piece's copies come back with the state).
+SAME="data/corpus/train.jsonl data/corpus/val.jsonl data/tokenizer/spm.model data/tokens/train.bin
+  data/tokens/val.bin data/tokens/meta.json"
+DATA="$SAME data/corpus/stats.json data/tokenizer/spm.json"
 
 run_targets() {  # the background job: each target while its estimate fits before the deadline
   local deadline=$1 t0=$SECONDS
@@ -112,7 +115,7 @@ case ${1:-} in
     if [ -f data.mtimes ]; then  # the first piece's times: the data is as old as it was there
       while read -r t f; do touch -d "@$t" "$f"; done < data.mtimes
     else
-      sha256sum $DATA > data.sha256
+      sha256sum $SAME > data.sha256
       stat -c '%.9Y %n' $DATA > data.mtimes
     fi
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
@@ -123,6 +126,7 @@ case ${1:-} in
     echo "launched (pid $!)"
     ;;
   wait)
+    [ -f "$RUNLOG" ] || { echo "no study is running here (start it first)"; exit 1; }
     limit=${2:-540} start=$SECONDS
     while [ $(( SECONDS - start )) -lt "$limit" ]; do
       grep "^== piece" "$RUNLOG" | tail -1 | grep -q finished && break
