@@ -4,6 +4,7 @@ bars included), and a user error prints its message alone instead of a traceback
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -40,5 +41,8 @@ def logged(log_path: str | Path):
 
 
 def code_files(*modules: str) -> list[Path]:
-    """Source files of library modules: a rule that lists them as inputs reruns when they change."""
-    return [Path(__file__).parent / f"{m}.py" for m in modules]
+    """Source files of library modules: a rule that lists them as inputs reruns when they change.
+
+    Relative to the working directory, so the set of inputs Snakemake records does not change when
+    the checkout moves (e.g. results carried to another machine)."""
+    return [Path(os.path.relpath(Path(__file__).parent / f"{m}.py")) for m in modules]

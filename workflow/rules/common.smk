@@ -1,4 +1,5 @@
 # Config: config.yaml unless --configfile names another study; validated before the DAG is built.
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ try:
 except ConfigError as err:
     sys.exit(f"memopt: invalid config:\n{err}")
 
-ROOT = Path(workflow.basedir)
+ROOT = Path(os.path.relpath(workflow.basedir))  # relative: recorded inputs survive a moved checkout
 TECHNIQUES = list(STUDY["techniques"])
 BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
