@@ -107,16 +107,16 @@ case ${1:-} in
       smk data/tokens/meta.json > /tmp/study-data.log 2>&1 || { tail -30 /tmp/study-data.log; exit 1; }
       info+=$'\n'"data rebuilt in $(( SECONDS - start )) s"
       if [ -f "$STATE" ]; then
-        tar xzf "$STATE" data.sha256 && sha256sum --quiet -c data.sha256 \
+        tar xzf "$STATE" data/study.sha256 && sha256sum --quiet -c data/study.sha256 \
           || { echo "the rebuilt data differs from the first piece's"; exit 1; }
       fi
     fi
     [ -f "$STATE" ] && tar xzf "$STATE"   # results, logs, benchmarks and metadata of earlier pieces
-    if [ -f data.mtimes ]; then  # the first piece's times: the data is as old as it was there
-      while read -r t f; do touch -d "@$t" "$f"; done < data.mtimes
+    if [ -f data/study.mtimes ]; then  # the first piece's times: the data is as old as it was there
+      while read -r t f; do touch -d "@$t" "$f"; done < data/study.mtimes
     else
-      sha256sum $SAME > data.sha256
-      stat -c '%.9Y %n' $DATA > data.mtimes
+      sha256sum $SAME > data/study.sha256
+      stat -c '%.9Y %n' $DATA > data/study.mtimes
     fi
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
@@ -137,7 +137,7 @@ case ${1:-} in
     ;;
   save)
     mkdir -p "$OUT"
-    tar czf "$OUT/state.tar.gz" --exclude='*.pyc' data.sha256 data.mtimes results logs .snakemake/metadata \
+    tar czf "$OUT/state.tar.gz" --exclude='*.pyc' data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
     ls -la "$OUT"
     ;;
