@@ -229,3 +229,24 @@ def test_search_raises_errors_other_than_out_of_memory(tokens):
     cfg = study(local={"attention": "flex", "window": 8})
     with pytest.raises(KernelUnavailable):
         search_max_batch(cfg, "local", tokens, "cpu", lambda m: None)
+
+
+def test_gpu_headroom_is_left_free(monkeypatch):
+    """On a GPU the search may use what is free (plus its own cache) or the budget, less the
+    headroom; a headroom larger than that is refused with the key and the limit."""
+    from memopt import search
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 2 * 2**30)
+    cfg = study()
+    cfg["search"].update(memory_budget_gib=None, headroom_mib=1024)
+    assert search.available_mib(cfg, "cuda") == 72 * 1024 - 1024
+    cfg["search"]["memory_budget_gib"] = 40  # an emulated 40 GB card: the smaller of the two
+    assert search.available_mib(cfg, "cuda") == 40 * 1024 - 1024
+    cfg["search"]["headroom_mib"] = 50_000
+    with pytest.raises(
+        MemoptError, match=r"search.headroom_mib: 50000 .* less than the 40,960 MiB"
+    ):
+        search.available_mib(cfg, "cuda")
+    cfg["search"]["cpu_memory_budget_gib"] = 0.5  # a CPU budget is exact: no headroom there
+    assert search.available_mib(cfg, "cpu") == 512

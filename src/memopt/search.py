@@ -140,12 +140,22 @@ def _bisect_search(test, g: int, cap: int) -> dict:
 
 
 def available_mib(cfg: dict, device: str) -> float:
-    """Memory a trial may take: the budget, or on a GPU what is free (plus our own cache)."""
+    """Memory a trial may take: the budget, or on a GPU what is free (plus our own cache), less
+    search.headroom_mib there. A full run adds memory outside PyTorch's allocator that a short
+    trial does not (CUDA context growth, library workspaces, fragmentation over many steps): on
+    the H100, cells at a batch that fit by 0.4 GiB in the search ran out of memory."""
     budget = budget_bytes(cfg, device)
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
         free += torch.cuda.memory_reserved()
         budget = free if budget is None else min(budget, free)
+        headroom = cfg["search"]["headroom_mib"] * MIB
+        if headroom >= budget:
+            raise MemoptError(
+                f"search.headroom_mib: {cfg['search']['headroom_mib']} is not allowed here; "
+                f"allowed: less than the {budget / MIB:,.0f} MiB this GPU has available"
+            )
+        budget -= headroom
     return budget / MIB
 
 
@@ -165,6 +175,10 @@ def search_max_batch(
     g = search["granularity"]
     cap = min(search["max_batch"], data.max_batch(cfg["model"]["seq_len"])) // g * g
     avail = available_mib(cfg, device)
+    if device == "cuda":  # trials may use `avail` and no more: the headroom stays free
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, avail * MIB / torch.cuda.get_device_properties(0).total_memory)
+        )
     t0, trials = time.perf_counter(), []
 
     def test(batch: int):
@@ -197,6 +211,7 @@ def search_max_batch(
         "cap": cap,
         "strategy": search["strategy"],
         "budget_mib": avail,
+        "headroom_mib": search["headroom_mib"] if device == "cuda" else None,
         "fit": None if fit is None else {"fixed_mib": fit[0], "per_sample_mib": fit[1]},
         "predicted_batch": found["first_guess"],
         "prediction_error": None if found["first_guess"] is None else found["first_guess"] - lo,
