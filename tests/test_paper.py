@@ -1,5 +1,6 @@
 """Paper rendering: numbers in the tables equal summary.csv, strict templates, escaping, params."""
 
+import json
 import math
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ TABLE_NUMBERS = {
     "peak allocated (MiB)": ("peak_allocated_mib", 0),
     "peak reserved (MiB)": ("peak_reserved_mib", 0),
     "tokens/s": ("tokens_per_s", 0),
+    "total (s)": ("wall_s", 0),
     "val ppl": ("val_ppl", 2),
 }
 
@@ -36,7 +38,7 @@ def study(tmp_path_factory):
     return paths | {"root": root, "figures": root / "paper" / "figures"}
 
 
-def render(study, templates=TEMPLATES, name="paper", searches=None):
+def render(study, templates=TEMPLATES, name="paper", searches=None, **options):
     out_md, out_tex = (
         study["root"] / "paper" / f"{name}.md",
         study["root"] / "paper" / f"{name}.tex",
@@ -49,6 +51,31 @@ def render(study, templates=TEMPLATES, name="paper", searches=None):
         CONFIG,
         study["figures"],
         templates,
+        out_md,
+        out_tex,
+        **options,
+    )
+    return out_md, out_tex
+
+
+def render_cells(study, tmp_path, cells: list[dict]):
+    """Write these cell dicts, aggregate, draw and render a paper from them (the study's searches
+    and data); return the .md and .tex paths."""
+    paths = []
+    for cell in cells:
+        paths.append(tmp_path / "cells" / cell["technique"] / f"{cell['batch_entry']}.json")
+        write_json(paths[-1], cell)
+    aggregate(paths, tmp_path / "summary.csv")
+    make_figures(tmp_path / "summary.csv", paths, tmp_path / "paper" / "figures")
+    out_md, out_tex = tmp_path / "paper" / "paper.md", tmp_path / "paper" / "paper.tex"
+    render_paper(
+        tmp_path / "summary.csv",
+        study["searches"],
+        study["stats"],
+        study["meta"],
+        CONFIG,
+        tmp_path / "paper" / "figures",
+        TEMPLATES,
         out_md,
         out_tex,
     )
@@ -140,25 +167,8 @@ def test_tex_compiles(study):
 
 
 def test_render_when_every_cell_is_oom(study, tmp_path):
-    cells = []
-    for technique in TECHNIQUES:
-        path = tmp_path / "cells" / technique / "same.json"
-        write_json(path, make_cell(technique, "same", 8, status="oom"))
-        cells.append(path)
-    aggregate(cells, tmp_path / "summary.csv")
-    make_figures(tmp_path / "summary.csv", cells, tmp_path / "paper" / "figures")
-    out_md, out_tex = tmp_path / "paper" / "paper.md", tmp_path / "paper" / "paper.tex"
-    render_paper(
-        tmp_path / "summary.csv",
-        study["searches"],
-        study["stats"],
-        study["meta"],
-        CONFIG,
-        tmp_path / "paper" / "figures",
-        TEMPLATES,
-        out_md,
-        out_tex,
-    )
+    cells = [make_cell(technique, "same", 8, status="oom") for technique in TECHNIQUES]
+    out_md, out_tex = render_cells(study, tmp_path, cells)
     text = out_md.read_text()
     assert "No technique completed a training cell at the same batch." in text
     assert text.count("| **OOM** |") == len(TECHNIQUES)
@@ -236,3 +246,128 @@ def test_build_pdf_leaves_only_the_pdf(study):
     build_pdf(out_tex, out_tex.with_suffix(".pdf"))
     assert set(out_tex.parent.iterdir()) - before == {out_tex.with_suffix(".pdf")}
     assert out_tex.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
+
+
+def _f(value, decimals):
+    return f"{value:,.{decimals}f}"
+
+
+def _summary(study) -> pd.DataFrame:
+    return pd.read_csv(study["summary"], dtype={"batch_entry": str})
+
+
+def test_change_breakdown_and_exactness_tables_match_summary(study):
+    text = render(study)[0].read_text()
+    summary = _summary(study)
+    ok = summary[summary["status"] == "ok"]
+    base = ok[(ok["technique"] == "baseline") & (ok["batch_entry"] == "same")].iloc[0]
+    changes = md_table(text, "perplexity change")  # Table 4: every ok non-baseline cell
+    assert len(changes) == len(ok[ok["technique"] != "baseline"])
+    for row in changes:
+        cell = ok[(ok["technique"] == row["technique"]) & (ok["batch_entry"] == row["entry"])]
+        cell = cell.iloc[0]
+        assert row["batch"] == _f(cell["batch_size"], 0)
+        assert row["speed-up"] == _f(cell["tokens_per_s"] / base["tokens_per_s"], 2) + "x"
+        saved = 100 * (1 - cell["peak_allocated_mib"] / base["peak_allocated_mib"])
+        assert row["memory reduction"] == _f(saved, 1) + "%"
+        assert (
+            row["perplexity change"] == _f(100 * (cell["val_ppl"] / base["val_ppl"] - 1), 2) + "%"
+        )
+    breakdown = md_table(text, "optimizer state")  # Table 6: the ok cells at `same`
+    same = ok[ok["batch_entry"] == "same"]
+    assert [r["technique"] for r in breakdown] == list(same["technique"])
+    columns = {
+        "weights": "weights_mib",
+        "gradients": "gradients_mib",
+        "optimizer state": "optimizer_state_mib",
+        "activations": "activations_mib",
+        "logits": "logits_mib",
+        "after forward": "phase_after_forward_mib",
+        "after backward": "phase_after_backward_mib",
+        "peak": "peak_allocated_mib",
+    }
+    for row, (_, cell) in zip(breakdown, same.iterrows()):
+        for header, column in columns.items():
+            assert row[header] == _f(cell[column], 0), (header, row)
+    exact = md_table(text, "Δ val loss")  # Table 3: full-attention techniques at `same`
+    full = same[same["window"].isna() & (same["technique"] != "baseline")]
+    assert [r["technique"] for r in exact] == list(full["technique"])
+    for row, (_, cell) in zip(exact, full.iterrows()):
+        assert row["val loss"] == _f(cell["val_loss"], 4)
+        assert row["Δ val loss"] == _f(cell["val_loss"] - base["val_loss"], 4)
+
+
+def test_search_table_matches_search_files(study):
+    text = render(study)[0].read_text()
+    rows = {r["technique"]: r for r in md_table(text, "max batch")}
+    for path in study["searches"]:
+        search = json.loads(Path(path).read_text())
+        row = rows[search["technique"]]
+        assert row["max batch"] == _f(search["max_batch"], 0)
+        assert row["trials"] == str(len(search["trials"]))
+        assert row["search time (s)"] == _f(search["seconds"], 1)
+
+
+def test_incremental_effects_table_matches_summary(study, tmp_path):
+    """A study where two techniques differ in one knob (flash -> window 128): Table 5 has that
+    pair, with numbers recomputed here from summary.csv."""
+    cells = []
+    for technique, spec in (("baseline", {}), ("flash", {"window": None, "attention": "flash"})):
+        cell = make_cell("baseline" if technique == "baseline" else "local128", "same", 8)
+        cell = {**cell, "technique": technique, "spec": {**cell["spec"], **spec}}
+        cell["kernel"] = cell["spec"]["attention"]
+        if technique == "flash":
+            cell.update(tokens_per_s=9000.5, peak_allocated_mib=9999.25, val_ppl=240.125)
+        cells.append(cell)
+    cells.append(make_cell("local128", "same", 8))
+    out_md, _ = render_cells(study, tmp_path, cells)
+    rows = md_table(out_md.read_text(), "knob")
+    assert [(r["technique"], r["over"], r["knob"]) for r in rows] == [
+        ("local128", "flash", "attention")
+    ]
+    summary = pd.read_csv(tmp_path / "summary.csv").set_index("technique")
+    new, old = summary.loc["local128"], summary.loc["flash"]
+    assert rows[0]["change"] == "flash → flex + window 128"
+    assert rows[0]["speed-up"] == _f(new["tokens_per_s"] / old["tokens_per_s"], 2) + "x"
+    saved = 100 * (1 - new["peak_allocated_mib"] / old["peak_allocated_mib"])
+    assert rows[0]["memory reduction"] == _f(saved, 1) + "%"
+
+
+def test_stage_times_and_reference_comparison(study, tmp_path):
+    bench = tmp_path / "benchmarks"
+    seconds = {"corpus.tsv": 13.79, "tokens.tsv": 7.25, "search/a.tsv": 20.5, "search/b.tsv": 1.25}
+    seconds |= {"cell/a/same.tsv": 100.0, "cell/b/max.tsv": 50.5}
+    for name, value in seconds.items():
+        (bench / name).parent.mkdir(parents=True, exist_ok=True)
+        (bench / name).write_text(f"s\th:m:s\tmax_rss\n{value}\t0:00:00\t1.0\n")
+    (bench / "render.tsv").write_text("s\th:m:s\n9.0\t0:00:09\n")  # not a stage: left out
+    reference = tmp_path / "reference.yaml"
+    reference.write_text(
+        "reports:\n"
+        "  - id: other-gpu\n    source: r.md\n    gpu: A100\n    results:\n"
+        "      - {memopt: baseline, batch: same, batch_size: 32, max_batch: 32,"
+        " peak_memory_raw: '40,000 MB'}\n"
+        "      - {memopt: local128, batch: same, batch_size: 32, max_batch: 80,"
+        " peak_memory_raw: '10,000 MB', speedup_vs_baseline: 1.5}\n"
+        "      - {memopt: local128, batch: max, batch_size: 80, peak_memory_raw: '39 GB'}\n"
+    )
+    from memopt.results import stage_benchmarks
+
+    out_md, _ = render(
+        study, name="timed", benchmark_paths=stage_benchmarks(bench), reference_path=reference
+    )
+    text = out_md.read_text()
+    stages = {r["stage"]: r for r in md_table(text, "jobs")}
+    assert list(stages) == ["corpus", "tokens", "search", "cell", "total"]
+    assert stages["search"]["jobs"] == "2" and stages["search"]["time (s)"] == "21.8"
+    assert stages["total"]["time (s)"] == _f(sum(seconds.values()), 1)
+    (row,) = md_table(text, "their batch")
+    summary = _summary(study).set_index(["technique", "batch_entry"])
+    ours = (
+        summary.loc[("local128", "same")]["tokens_per_s"]
+        / summary.loc[("baseline", "same")]["tokens_per_s"]
+    )
+    assert row["speed-up (theirs / ours)"] == f"1.50x / {ours:,.2f}x"
+    assert row["memory reduction (theirs / ours)"].startswith("75.0% / ")
+    # max batch: theirs 80 / 32; ours local128 24 / baseline 8 (the synthetic searches)
+    assert row["max batch vs baseline (theirs / ours)"] == "2.50x / 3.00x"

@@ -61,6 +61,7 @@ def workdir(tmp: Path, corpus: dict, techniques: list[str] | None = None) -> Pat
         "workflow",
         "src",
         "paper/templates",
+        "paper/reference.yaml",
         "envs",
     ):
         src, dst = ROOT / part, tmp / part

@@ -58,7 +58,7 @@ def cmd_cell(args) -> None:
 def cmd_paper(args) -> None:
     from memopt.figures import make_figures
     from memopt.paper import render_paper
-    from memopt.results import aggregate
+    from memopt.results import aggregate, stage_benchmarks
 
     results, out = Path(args.results), Path(args.out)
     study = _study(args)
@@ -88,6 +88,8 @@ def cmd_paper(args) -> None:
         Path(args.templates),
         out / "paper.md",
         out / "paper.tex",
+        benchmark_paths=stage_benchmarks(results / "benchmarks"),
+        reference_path=Path(args.templates).parent / "reference.yaml",
     )
     print(f"wrote {out / 'paper.md'} and {out / 'paper.tex'}")
 

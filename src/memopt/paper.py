@@ -30,6 +30,7 @@ from memopt.results import (
     read_json,
     read_summary,
     relative_to_baseline,
+    stage_times,
     write_text,
 )
 
@@ -128,6 +129,21 @@ def param_count(model_cfg: dict, vocab_size: int) -> int:
     mlp = (d * d_ff + d_ff) + (d_ff * d + d)
     layer_norms = 2 * (2 * d)
     return embeddings + model_cfg["n_layers"] * (attention + mlp + layer_norms) + 2 * d
+
+
+def flops_summary(model_cfg: dict, vocab_size: int, cells: list[dict]) -> dict:
+    """What the paper states about model FLOPs: the matmul weights N_matmul of the formula in
+    memopt.measure.flops_per_token, the FLOPs per token a full-attention cell was credited with,
+    and the peak the cells' MFU divides by (both recovered from the cells' own numbers)."""
+    d, L, f = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff"))
+    ok = [c for c in cells if c["status"] == "ok" and c.get("model_tflops") and c["tokens_per_s"]]
+    full = [c for c in ok if c["window"] is None]
+    with_mfu = [c for c in ok if c.get("mfu")]
+    return {
+        "n_matmul": L * (4 * d * d + 2 * d * f) + d * vocab_size,
+        "per_token": full[0]["model_tflops"] * 1e12 / full[0]["tokens_per_s"] if full else None,
+        "peak_tflops": with_mfu[0]["model_tflops"] / with_mfu[0]["mfu"] if with_mfu else None,
+    }
 
 
 def _clean(value):
@@ -262,8 +278,13 @@ def build_context(
     figures_dir,
     out_path: Path,
     figure_ext: str,
+    benchmark_paths=(),
+    reference_path: Path | None = None,
 ) -> dict:
-    """Everything the templates may use; figure paths are relative to the paper file."""
+    """Everything the templates may use; figure paths are relative to the paper file.
+
+    benchmark_paths: Snakemake benchmark files of the stages (wall-clock per stage, appendix);
+    reference_path: the YAML of earlier reports' numbers (comparison table), if any."""
     cells = _cells(Path(summary_csv))
     # Search tables follow the cells' technique order, whatever order the paths came in.
     rank = {t: i for i, t in enumerate(dict.fromkeys(c["technique"] for c in cells))}
@@ -285,6 +306,7 @@ def build_context(
         figures[name] = Path(os.path.relpath(path, Path(out_path).parent)).as_posix()
     # Device and step counts as the cells recorded them (an oom cell has no step counts).
     first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
+    relative = relative_to_baseline(cells, baseline)
     return {
         "cells": cells,
         "techniques": _techniques(cells),
@@ -295,12 +317,15 @@ def build_context(
         "tokens": tokens,
         "config": config,
         "model": model,
+        "flops": flops_summary(config["model"], tokens["vocab_size"], cells),
         "train": config.get("train", {}),
         "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
         "measured": {k: first_ok.get(k) for k in ("steps", "warmup_steps", "timed_steps")},
         "findings": findings(cells, searches, baseline),
         "exactness": exactness(cells, baseline, config["measure"]["exactness_tolerance"]),
-        "relative": relative_to_baseline(cells, baseline),
+        "relative": relative,
+        "references": reference_comparison(reference_path, relative, searches, baseline),
+        "stages": stage_times(benchmark_paths),
         "analysis": analysis(cells),
         "config_yaml": yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(),
         "increments": incremental_effects(cells),
@@ -308,6 +333,71 @@ def build_context(
         "provenance": _provenance(cells),
         "figures": figures,
     }
+
+
+def _reported(row: dict) -> tuple[float, str] | None:
+    """A reported peak memory as (number, unit), from the raw text ("18,401 MB")."""
+    match = re.match(r"\s*([\d,.]+)\s*(\S+)", str(row.get("peak_memory_raw") or ""))
+    return (float(match.group(1).replace(",", "")), match.group(2)) if match else None
+
+
+def reference_comparison(
+    reference_path: Path | None, relative: list[dict], searches: list[dict], baseline: str
+) -> dict:
+    """Earlier reports' own ratios (speed-up, memory reduction, maximum batch against their
+    baseline, at their baseline's batch) next to ours at the `same` batch. Absolute numbers are
+    not compared: the reports used other GPUs, models and settings."""
+    if reference_path is None or not Path(reference_path).exists():
+        return {"reports": [], "rows": []}
+    reports = (yaml.safe_load(Path(reference_path).read_text()) or {}).get("reports", [])
+    ours = {r["technique"]: r for r in relative if r["batch_entry"] == "same"}
+    our_max = {s["technique"]: s["max_batch"] for s in searches}
+    base_max = our_max.get(baseline)
+    rows = []
+    for report in reports:
+        results = report.get("results", [])
+        base = next(
+            (
+                r
+                for r in results
+                if r.get("memopt") == baseline and r.get("batch") in ("same", None)
+            ),
+            None,
+        )
+        if base is None:
+            continue
+        seen = set()
+        for r in results:
+            name = r.get("memopt")
+            if not name or name == baseline or name in seen:
+                continue
+            if r.get("batch_size") != base.get("batch_size"):
+                continue
+            seen.add(name)
+            peak, base_peak = _reported(r), _reported(base)
+            same_unit = peak and base_peak and peak[1] == base_peak[1]
+            rows.append(
+                {
+                    "report": report["id"],
+                    "gpu": report.get("gpu"),
+                    "technique": name,
+                    "batch_size": r.get("batch_size"),
+                    "speedup": r.get("speedup_vs_baseline"),
+                    "memory_reduction_pct": 100 * (1 - peak[0] / base_peak[0])
+                    if same_unit
+                    else None,
+                    "max_batch_ratio": _ratio(r.get("max_batch"), base.get("max_batch")),
+                    "our_speedup": ours.get(name, {}).get("speedup"),
+                    "our_memory_reduction_pct": ours.get(name, {}).get("memory_reduction_pct"),
+                    "our_max_batch_ratio": _ratio(our_max.get(name), base_max),
+                }
+            )
+    cited = [
+        {key: r.get(key) for key in ("id", "title", "author", "source", "gpu")}
+        for r in reports
+        if any(x["report"] == r["id"] for x in rows)
+    ]
+    return {"reports": cited, "rows": rows}
 
 
 def _render(env: jinja2.Environment, name: str, context: dict) -> str:
@@ -331,6 +421,9 @@ def render_paper(
     templates_dir: Path,
     out_md: Path,
     out_tex: Path,
+    *,
+    benchmark_paths=(),
+    reference_path: Path | None = None,
 ) -> None:
     """Render paper.md.j2 -> out_md and paper.tex.j2 -> out_tex; nothing is written unless both
     render, so a failed render never leaves one format newer than the other."""
@@ -340,7 +433,16 @@ def render_paper(
         (out_tex, "paper.tex.j2", True, "pdf"),
     ):
         context = build_context(
-            summary_csv, search_paths, corpus_stats, token_meta, config, figures_dir, out, ext
+            summary_csv,
+            search_paths,
+            corpus_stats,
+            token_meta,
+            config,
+            figures_dir,
+            out,
+            ext,
+            benchmark_paths=benchmark_paths,
+            reference_path=reference_path,
         )
         texts[Path(out)] = _render(make_environment(Path(templates_dir), latex), template, context)
     for out, text in texts.items():

@@ -6,6 +6,7 @@ them, checks that every field the summary needs is present, and flattens them in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -322,6 +323,14 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 STAGES = ("corpus", "tokenizer", "tokens", "search", "cell")
 
 
+def stage_benchmarks(benchmark_dir: Path) -> list[Path]:
+    """The stage benchmark files under results/benchmarks (not those of the paper's own rules)."""
+    root = Path(benchmark_dir)
+    files = [root / f"{stage}.tsv" for stage in STAGES[:3]]
+    files += sorted((root / "search").glob("*.tsv")) + sorted((root / "cell").glob("*/*.tsv"))
+    return [f for f in files if f.exists()]
+
+
 def stage_times(benchmark_paths: list[Path]) -> dict:
     """Wall-clock seconds per stage (summed over its jobs) from Snakemake benchmark files, and
     the total. Stages without a file are left out; the total covers only what was recorded."""
@@ -335,8 +344,10 @@ def stage_times(benchmark_paths: list[Path]) -> dict:
             raise MemoptError(f"{path}: a Snakemake benchmark needs a column 's' and one row")
         seconds.setdefault(stage, []).append(float(frame["s"].iloc[0]))
     rows = [
-        {"stage": stage, "jobs": len(seconds[stage]), "seconds": sum(seconds[stage])}
+        {"stage": stage, "jobs": len(seconds[stage]), "seconds": math.fsum(seconds[stage])}
         for stage in STAGES
         if stage in seconds
     ]
-    return {"rows": rows, "total_s": sum(r["seconds"] for r in rows) if rows else None}
+    # fsum: exact, so the order the files come in cannot move a rounded total.
+    total = math.fsum(s for stage in seconds for s in seconds[stage]) if rows else None
+    return {"rows": rows, "total_s": total}

@@ -51,6 +51,8 @@ rule render:
         tokens="data/tokens/meta.json",
         figures=FIGURES,
         templates=list((ROOT / "paper" / "templates").glob("*.j2")),
+        reference=ROOT / "paper" / "reference.yaml",
+        benchmarks=STAGE_BENCHMARKS,
         code=code_files("paper"),
     params:
         study=STUDY,

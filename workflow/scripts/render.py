@@ -19,4 +19,6 @@ with logged(sm.log[0]):
         Path(sm.params.templates),
         Path(sm.output.md),
         Path(sm.output.tex),
+        benchmark_paths=[Path(p) for p in sm.input.benchmarks],
+        reference_path=Path(sm.input.reference),
     )
