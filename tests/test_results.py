@@ -400,3 +400,17 @@ def test_analysis_names_the_best_and_says_when_it_is_within_noise():
     assert result["fastest"] == {"technique": "a", "within_noise": ["b"]}  # 0.8 <= 0.5 + 0.4
     assert result["lowest_memory"] == {"technique": "b", "peak_mib": 80}
     assert result["pareto"] == ["a (same)", "b (same)", "d (max)"]  # c: b uses less, is faster
+
+
+def test_alias_cell_is_the_same_run_under_another_entry(tmp_path):
+    from memopt.results import alias_cell
+
+    write_json(tmp_path / "same.json", make_cell("baseline", "same", 8))
+    alias_cell(tmp_path / "same.json", tmp_path / "max.json", "max")
+    aggregate([tmp_path / "same.json", tmp_path / "max.json"], tmp_path / "summary.csv")
+    frame = pd.read_csv(tmp_path / "summary.csv", dtype={"batch_entry": str})
+    same, alias = frame.iloc[0], frame.iloc[1]
+    assert (alias["batch_entry"], alias["measured_as"]) == ("max", "same")
+    assert same["measured_as"] != same["measured_as"]  # NaN: measured in its own run
+    numbers = frame.columns.difference(["batch_entry", "measured_as"])
+    assert alias[numbers].equals(same[numbers])

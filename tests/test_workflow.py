@@ -109,6 +109,8 @@ def check_outputs(wd: Path, techniques: list[str]) -> list[dict]:
     assert [(r["technique"], r["batch_entry"]) for r in rows] == [
         (t, b) for t in techniques for b in ("same", "max")
     ]
+    base = {r["batch_entry"]: r for r in rows if r["technique"] == techniques[0]}
+    assert base["max"] == {**base["same"], "batch_entry": "max"}  # one run serves both
     for r in rows:
         assert r["status"] == "ok", r
         assert float(r["peak_allocated_mib"]) > 0 and float(r["tokens_per_s"]) > 0
@@ -182,7 +184,9 @@ def test_training_code_edit_retrains(smoke):
     n = len(yaml.safe_load((wd / "study.yaml").read_text())["techniques"])
     with edited(wd / "src/memopt/train.py"):
         jobs = planned(wd)
-    assert jobs["search"] == n and jobs["cell"] == 2 * n and "corpus" not in jobs
+    # The baseline's `max` cell is its `same` cell written again (rule baseline_max).
+    assert jobs["search"] == n and jobs["cell"] == 2 * n - 1 and jobs["baseline_max"] == 1
+    assert "corpus" not in jobs
 
 
 def test_one_technique_change_reruns_only_that_technique(smoke):

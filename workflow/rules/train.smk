@@ -47,6 +47,26 @@ rule cell:
         "../scripts/cell.py"
 
 
+# The baseline's `max` batch is its `same` batch by definition: one training run serves both.
+if {"same", "max"} <= set(BATCHES):
+
+    rule baseline_max:
+        output:
+            f"results/cells/{STUDY['baseline']}/max.json",
+        input:
+            f"results/cells/{STUDY['baseline']}/same.json",
+        log:
+            "logs/cell/baseline_max.log",
+        benchmark:
+            f"results/benchmarks/cell/{STUDY['baseline']}/max.tsv"
+        conda:
+            CONDA_ENV
+        script:
+            "../scripts/alias_cell.py"
+
+    ruleorder: baseline_max > cell
+
+
 # One target per technique: `snakemake --cores all --resources gpu=1 technique_flash`.
 for _name in TECHNIQUES:
 
