@@ -92,6 +92,11 @@ def cmd_paper(args) -> None:
         reference_path=Path(args.templates).parent / "reference.yaml",
     )
     print(f"wrote {out / 'paper.md'} and {out / 'paper.tex'}")
+    if args.pdf:
+        from memopt.paper import build_pdf
+
+        build_pdf(out / "paper.tex", out / "paper.pdf")
+        print(f"wrote {out / 'paper.pdf'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--out", default="paper", help="where paper.md, paper.tex, figures/ go")
     sp.add_argument("--templates", default=str(ROOT / "paper" / "templates"))
+    sp.add_argument("--pdf", action="store_true", help="also compile paper.pdf (needs TeX)")
     return p
 
 

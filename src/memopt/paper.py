@@ -222,17 +222,18 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
         }
         ppls = [c["val_ppl"] for c in ok if c["val_ppl"] is not None]
         result["ppl_min"], result["ppl_max"] = (min(ppls), max(ppls)) if ppls else (None, None)
-    fitting = [s for s in searches if s["max_batch"] > 0]
-    if fitting:
-        top = max(fitting, key=lambda s: s["max_batch"])
-        base_search = next((s for s in searches if s["technique"] == baseline), None)
-        base_max = base_search["max_batch"] if base_search else None
+    # "Trains" means a cell finished: a search maximum whose full run ran out of memory is not it.
+    trained = [c for c in cells if c["status"] == "ok"]
+    if trained:
+        top = max(trained, key=lambda c: c["batch_size"])
+        base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
+        status = {s["technique"]: s["status"] for s in searches}
         result["largest_batch"] = {
             "technique": top["technique"],
-            "max_batch": top["max_batch"],
-            "capped": top["status"] == "capped",
-            "baseline_max_batch": base_max,
-            "ratio": _ratio(top["max_batch"], base_max),
+            "max_batch": top["batch_size"],
+            "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
+            "baseline_max_batch": max(base_batches) if base_batches else None,
+            "ratio": _ratio(top["batch_size"], max(base_batches) if base_batches else None),
         }
     return result
 
