@@ -137,7 +137,8 @@ case ${1:-} in
     ;;
   save)
     mkdir -p "$OUT"
-    tar czf "$OUT/state.tar.gz" --exclude='*.pyc' data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
+    # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
+    tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
     ls -la "$OUT"
     ;;

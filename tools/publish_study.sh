@@ -2,6 +2,7 @@
 # Publish a study that tools/gpu_study.sh ran: its saved state becomes a snapshot folder (to commit)
 # whose paper anyone can regenerate from the results, without a GPU or Snakemake:
 #   bash tools/publish_study.sh STATE.tar.gz DEST [DATASET]
+# (STUDY_CONFIG names the study's config if it is not config.yaml, as for gpu_study.sh.)
 # DEST gets config.yaml (the study as run: config.yaml with the offline corpus), results/ (cells,
 # searches, Snakemake benchmarks, summary.csv), data/ (corpus, token and tokenizer statistics; not
 # the corpus), logs/study-pieces.log (which machine ran which piece) and paper/ (md, tex, pdf, figures),
@@ -21,9 +22,9 @@ cp "$tmp/data/corpus/stats.json" "$dest/data/corpus/"
 cp "$tmp/data/tokens/meta.json" "$dest/data/tokens/"
 cp "$tmp/data/tokenizer/spm.json" "$dest/data/tokenizer/"
 cp "$tmp/logs/study-pieces.log" "$dest/logs/"
-python3 - "$dest/config.yaml" "$dataset" <<'PY'
+python3 - "$dest/config.yaml" "$dataset" "${STUDY_CONFIG:-config.yaml}" <<'PY'
 import sys, yaml
-config = yaml.safe_load(open("config.yaml"))
+config = yaml.safe_load(open(sys.argv[3]))
 config["corpus"].update(source="mirror", mirror=".corpus", dataset=sys.argv[2])
 with open(sys.argv[1], "w") as f:
     f.write("# config.yaml as run (gpu_study.sh): the corpus from an offline speakleash mirror\n")
