@@ -19,6 +19,9 @@
 # sources get one fixed old modification time before every Snakemake call (a copied checkout has
 # fresh ones), so Snakemake's usual rerun triggers see exactly what one uninterrupted run would.
 #
+# STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
+# STUDY_MAX_TARGETS runs only the first N targets.
+#
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate (H100 seconds,
 # from tools/bench_techniques.py at batch 16 scaled to the searched batch) still fits before the
 # deadline (seconds after start); the rest waits for the next machine.
@@ -74,7 +77,7 @@ DATA="$SAME data/corpus/stats.json data/tokenizer/spm.json"
 
 run_targets() {  # the background job: each target while its estimate fits before the deadline
   local deadline=$1 t0=$SECONDS
-  for entry in "${TARGETS[@]}"; do
+  for entry in "${TARGETS[@]:0:${STUDY_MAX_TARGETS:-${#TARGETS[@]}}}"; do  # (a test runs fewer)
     read -r target est <<< "$entry"
     if [ "$target" = searches ]; then
       files=$(python3 -c "import yaml; print(' '.join(f'results/search/{t}.json' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques']))")
@@ -121,7 +124,7 @@ case ${1:-} in
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk run_targets); run_targets $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk run_targets); run_targets $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
@@ -133,7 +136,7 @@ case ${1:-} in
       sleep 10
     done
     awk '/^== piece start/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RUNLOG" | grep -E "^== |steps \(|Error|error" | tail -40
-    ls results/cells/*/*.json 2>/dev/null | wc -l | xargs echo "cells done:"
+    echo "cells done: $(find results/cells -name '*.json' 2>/dev/null | wc -l)"
     ;;
   save)
     mkdir -p "$OUT"

@@ -1,0 +1,67 @@
+"""tools/gpu_study.sh: a study split over two machines resumes where it stopped (CPU, tiny study)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DATASET
+from test_workflow import ROOT, mirror, snakemake, workdir  # noqa: F401  (mirror: a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def gpu_study(wd: Path, *args: str, **env: str) -> str:
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        OUT=str(wd / "out"),
+        STUDY_CONFIG="study.yaml",
+        STUDY_DATASET=DATASET,
+        MEMOPT_GIT_COMMIT="c0ffee",
+        **env,
+    )
+    proc = subprocess.run(
+        ["bash", "tools/gpu_study.sh", *args], cwd=wd, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_study_resumes_on_another_machine(mirror, tmp_path):  # noqa: F811
+    machines = []
+    for name in ("a", "b"):
+        wd = workdir(
+            tmp_path / name,
+            {"source": "mirror", "mirror": ".corpus", "dataset": DATASET},
+            techniques=["baseline", "flash"],
+        )
+        shutil.copytree(ROOT / "tools", wd / "tools")
+        shutil.copytree(mirror.path, wd / ".corpus")
+        machines.append(wd)
+    a, b = machines
+    # Machine a runs the first target only: the searches.
+    gpu_study(a, "start", "1000", STUDY_MAX_TARGETS="1")
+    assert "== piece finished" in gpu_study(a, "wait", "300")
+    assert sorted(p.name for p in (a / "results/search").glob("*.json")) == [
+        "baseline.json",
+        "flash.json",
+    ]
+    assert not (a / "results/cells").exists()
+    gpu_study(a, "save")
+    searched = {p.name: p.read_bytes() for p in (a / "results/search").glob("*.json")}
+    # Machine b: a fresh checkout with the saved state; its data is rebuilt and must match.
+    (b / ".study").mkdir()
+    shutil.copy(a / "out/state.tar.gz", b / ".study/state.tar.gz")
+    gpu_study(b, "start", "100000")
+    log = gpu_study(b, "wait", "300")
+    assert "== searches: done before" in log and "FAILED" not in log
+    assert {p.name: p.read_bytes() for p in (b / "results/search").glob("*.json")} == searched
+    assert len(list((b / "results/cells").glob("*/*.json"))) == 4
+    assert (b / "paper/paper.md").exists()
+    corpus = "corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '%s'}" % DATASET
+    assert "Nothing to be done" in snakemake(b, "-n", "--config", corpus).stdout
