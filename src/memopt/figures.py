@@ -195,6 +195,29 @@ def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
     )
 
 
+def _oom_note(ax, summary) -> None:
+    """Name the cells that ran out of memory in the plot, rather than leave them out silently."""
+    oom = summary[summary["status"] == "oom"]
+    if not oom.empty:
+        names = ", ".join(
+            f"{r.technique} ({r.batch_entry}"
+            + ("" if r.batch_size != r.batch_size else f", b={int(r.batch_size)}")
+            + ")"
+            for r in oom.itertuples()
+        )
+        ax.text(
+            0.99,
+            0.02,
+            f"OOM, not shown: {names}",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="#B00020",
+            wrap=True,
+        )
+
+
 def _tradeoff_figure(summary) -> Figure:
     """Peak memory against throughput for every ok cell, Pareto frontier as a step line."""
     fig = Figure(figsize=(6.0, 3.8))
@@ -223,19 +246,7 @@ def _tradeoff_figure(summary) -> Figure:
         )
         label = row["technique"] if one_entry else f"{row['technique']} ({row['batch_entry']})"
         ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
-    oom = summary[summary["status"] == "oom"]
-    if not oom.empty:
-        names = ", ".join(f"{r.technique} ({r.batch_entry})" for r in oom.itertuples())
-        ax.text(
-            0.99,
-            0.02,
-            f"OOM, not shown: {names}",
-            transform=ax.transAxes,
-            ha="right",
-            va="bottom",
-            fontsize=7,
-            color="#B00020",
-        )
+    _oom_note(ax, summary)
     ax.legend(
         handles=[
             Patch(color="#DD8452", label="Pareto-optimal"),
@@ -437,6 +448,7 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
     if not ax.lines and not ax.collections:
         _placeholder(ax, "no measured memory")
         return fig
+    _oom_note(ax, summary)
     handles, _ = ax.get_legend_handles_labels()
     handles += [
         Line2D(
@@ -482,6 +494,7 @@ def _speed_batch_figure(summary) -> Figure:
     if not ax.lines:
         _placeholder(ax, "no cell fitted in memory")
         return fig
+    _oom_note(ax, summary)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
