@@ -389,6 +389,31 @@ def _technique_colors(techniques) -> dict:
     return {t: palette[i % len(palette)] for i, t in enumerate(techniques)}
 
 
+def _cell_lines(ax, summary, column: str, colors: dict) -> None:
+    """One line per technique through its trained cells: `column` against batch size."""
+    for technique in dict.fromkeys(summary["technique"]):
+        ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
+        if not ok.empty:
+            ax.plot(
+                ok["batch_size"],
+                ok[column],
+                marker="o",
+                markersize=4,
+                linewidth=1.2,
+                color=colors[technique],
+                label=technique,
+            )
+
+
+def _batch_axes(ax, ylabel: str, handles: list) -> None:
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel(ylabel)
+
+
 def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
     """Peak memory against batch: every search trial (x = out of memory), the search's linear fit,
     the trained cells, and the memory budget the search had."""
@@ -423,17 +448,7 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
                 linewidth=0.8,
                 color=color,
             )
-    for technique in techniques:
-        ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
-        ax.plot(
-            ok["batch_size"],
-            ok["peak_allocated_mib"],
-            marker="o",
-            markersize=4,
-            linewidth=1.2,
-            color=colors[technique],
-            label=technique,
-        )
+    _cell_lines(ax, summary, "peak_allocated_mib", colors)
     if budget:
         ax.axhline(budget, color="#B00020", linewidth=0.8, linestyle="--")
         ax.text(
@@ -463,12 +478,7 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
         Line2D([], [], marker="x", linestyle="none", color="grey", label="search trial (OOM)"),
         Line2D([], [], linestyle=":", color="grey", label="search fit"),
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.set_xlabel("batch size (sequences)")
-    ax.set_ylabel("peak allocated memory (MiB)")
+    _batch_axes(ax, "peak allocated memory (MiB)", handles)
     return fig
 
 
@@ -479,28 +489,12 @@ def _speed_batch_figure(summary) -> Figure:
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.subplots()
     ax.set_title("Training throughput vs batch size")
-    for technique in techniques:
-        ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
-        if not ok.empty:
-            ax.plot(
-                ok["batch_size"],
-                ok["tokens_per_s"],
-                marker="o",
-                markersize=4,
-                linewidth=1.2,
-                color=colors[technique],
-                label=technique,
-            )
+    _cell_lines(ax, summary, "tokens_per_s", colors)
     if not ax.lines:
         _placeholder(ax, "no cell fitted in memory")
         return fig
     _oom_note(ax, summary)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.set_xlabel("batch size (sequences)")
-    ax.set_ylabel("throughput (tokens/s)")
+    _batch_axes(ax, "throughput (tokens/s)", ax.get_legend_handles_labels()[0])
     return fig
 
 
