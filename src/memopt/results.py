@@ -347,7 +347,13 @@ def stage_times(benchmark_paths: list[Path]) -> dict:
     the total. Stages without a file are left out; the total covers only what was recorded."""
     seconds: dict[str, list[float]] = {}
     for path in map(Path, benchmark_paths):
-        stage = next((part for part in (path.stem, *path.parts) if part in STAGES), None)
+        parts = path.parts
+        if len(parts) >= 3 and parts[-3] == "cell":  # cell/<technique>/<entry>.tsv
+            stage = "cell"
+        elif len(parts) >= 2 and parts[-2] == "search":  # search/<technique>.tsv
+            stage = "search"
+        else:  # corpus.tsv, tokenizer.tsv, tokens.tsv
+            stage = path.stem if path.stem in STAGES[:3] else None
         if stage is None:
             raise MemoptError(f"{path}: not a benchmark of a stage ({', '.join(STAGES)})")
         frame = pd.read_csv(path, sep="\t")
