@@ -276,13 +276,10 @@ def build_context(
     corpus_stats,
     token_meta,
     config,
-    figures_dir,
-    out_path: Path,
-    figure_ext: str,
     benchmark_paths=(),
     reference_path: Path | None = None,
 ) -> dict:
-    """Everything the templates may use; figure paths are relative to the paper file.
+    """Everything the templates may use, except the figure paths (figure_paths: per format).
 
     benchmark_paths: Snakemake benchmark files of the stages (wall-clock per stage, appendix);
     reference_path: the YAML of earlier reports' numbers (comparison table), if any."""
@@ -299,12 +296,6 @@ def build_context(
         baseline = config["baseline"]
     except KeyError as e:
         raise MemoptError(f"config or token meta lacks key {e} needed by the paper") from None
-    figures = {}
-    for name in FIGURE_NAMES:
-        path = Path(figures_dir) / f"{name}.{figure_ext}"
-        if not path.exists():
-            raise MemoptError(f"{path}: figure not found (run the figures step first)")
-        figures[name] = Path(os.path.relpath(path, Path(out_path).parent)).as_posix()
     # Device and step counts as the cells recorded them (an oom cell has no step counts).
     first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
     relative = relative_to_baseline(cells, baseline)
@@ -332,8 +323,18 @@ def build_context(
         "increments": incremental_effects(cells),
         "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
         "provenance": _provenance(cells),
-        "figures": figures,
     }
+
+
+def figure_paths(figures_dir: Path, out_path: Path, ext: str) -> dict[str, str]:
+    """Each figure's .ext file, relative to the paper file that shows it."""
+    figures = {}
+    for name in FIGURE_NAMES:
+        path = Path(figures_dir) / f"{name}.{ext}"
+        if not path.exists():
+            raise MemoptError(f"{path}: figure not found (run the figures step first)")
+        figures[name] = Path(os.path.relpath(path, Path(out_path).parent)).as_posix()
+    return figures
 
 
 def _reported(row: dict) -> tuple[float, str] | None:
@@ -428,24 +429,23 @@ def render_paper(
 ) -> None:
     """Render paper.md.j2 -> out_md and paper.tex.j2 -> out_tex; nothing is written unless both
     render, so a failed render never leaves one format newer than the other."""
+    context = build_context(
+        summary_csv,
+        search_paths,
+        corpus_stats,
+        token_meta,
+        config,
+        benchmark_paths=benchmark_paths,
+        reference_path=reference_path,
+    )
     texts = {}
     for out, template, latex, ext in (
         (out_md, "paper.md.j2", False, "png"),
         (out_tex, "paper.tex.j2", True, "pdf"),
     ):
-        context = build_context(
-            summary_csv,
-            search_paths,
-            corpus_stats,
-            token_meta,
-            config,
-            figures_dir,
-            out,
-            ext,
-            benchmark_paths=benchmark_paths,
-            reference_path=reference_path,
-        )
-        texts[Path(out)] = _render(make_environment(Path(templates_dir), latex), template, context)
+        figures = figure_paths(figures_dir, out, ext)
+        env = make_environment(Path(templates_dir), latex)
+        texts[Path(out)] = _render(env, template, {**context, "figures": figures})
     for out, text in texts.items():
         write_text(out, text)
 
