@@ -3,7 +3,7 @@
 import pytest
 from test_results import TECHNIQUES, make_cell, write_study
 
-from memopt.figures import FIGURE_NAMES, make_figures, pareto
+from memopt.figures import FIGURE_NAMES, label_groups, make_figures, pareto
 from memopt.results import aggregate, write_json
 
 
@@ -72,3 +72,45 @@ def test_figures_with_one_entry_and_a_renamed_baseline(tmp_path):
 )
 def test_pareto(points, frontier):
     assert pareto(points) == frontier
+
+
+def test_label_groups():
+    points = [
+        (79.0, 45.0),
+        (79.0, 45.0),
+        (79.5, 37.0),
+        (79.0, 424.0),
+        (79.0, 417.0),
+        (79.0, 403.0),
+        (35.0, 407.0),
+        (19.0, 316.0),
+        (22.0, 36.0),
+    ]  # (memory, speed) of a study like the H100's
+    cells = [
+        ("baseline", "same"),
+        ("baseline", "max"),
+        ("gradcp", "max"),
+        ("local128", "max"),
+        ("local256", "max"),
+        ("flash", "max"),
+        ("local128", "same"),
+        ("flash_gradcp", "same"),
+        ("gradcp", "same"),
+    ]
+    labels = dict((text, xy) for xy, text in label_groups(points, cells))
+    assert labels == {
+        "local128 (max)\nlocal256 (max)\nflash (max)": (79.0, 424.0),  # 403 joins through 417
+        "local128 (same)": (35.0, 407.0),
+        "flash_gradcp (same)": (19.0, 316.0),
+        "baseline (same, max)\ngradcp (max)": (79.5, 45.0),
+        "gradcp (same)": (22.0, 36.0),
+    }
+    # Two groups that a later point links become one; one entry: no "(entry)".
+    points = [(0.0, 50.0), (6.0, 49.0), (3.0, 48.0), (100.0, 0.0)]
+    cells = [("a", None), ("b", None), ("c", None), ("d", None)]
+    assert label_groups(points, cells) == [((6.0, 50.0), "a\nb\nc"), ((100.0, 0.0), "d")]
+    assert label_groups(points[:2] + points[3:], cells[:2] + cells[3:])[:2] == [
+        ((0.0, 50.0), "a"),
+        ((6.0, 49.0), "b"),
+    ]
+    assert label_groups([], []) == []

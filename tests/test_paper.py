@@ -343,10 +343,11 @@ def test_stage_times_and_reference_comparison(study, tmp_path):
     seconds = {"corpus.tsv": 13.79, "tokens.tsv": 7.25, "search/a.tsv": 20.5, "search/b.tsv": 1.25}
     # Techniques named like stages stay in their own stage.
     seconds |= {"cell/a/same.tsv": 100.0, "cell/tokens/max.tsv": 50.5, "search/corpus.tsv": 0.5}
+    seconds |= {"aggregate.tsv": 0.75, "figures.tsv": 7.5}  # the paper stage
     for name, value in seconds.items():
         (bench / name).parent.mkdir(parents=True, exist_ok=True)
         (bench / name).write_text(f"s\th:m:s\tmax_rss\n{value}\t0:00:00\t1.0\n")
-    (bench / "render.tsv").write_text("s\th:m:s\n9.0\t0:00:09\n")  # not a stage: left out
+    (bench / "render.tsv").write_text("s\th:m:s\n9.0\t0:00:09\n")  # rendering: left out
     reference = tmp_path / "reference.yaml"
     reference.write_text(
         "reports:\n"
@@ -364,9 +365,10 @@ def test_stage_times_and_reference_comparison(study, tmp_path):
     )
     text = out_md.read_text()
     stages = {r["stage"]: r for r in md_table(text, "jobs")}
-    assert list(stages) == ["corpus", "tokens", "search", "cell", "total"]
-    assert stages["search"]["jobs"] == "3" and stages["search"]["time (s)"] == "22.2"
-    assert stages["corpus"]["jobs"] == "1" and stages["cell"]["jobs"] == "2"
+    assert list(stages) == ["corpus", "tokens", "searches", "cells", "paper", "total"]
+    assert stages["searches"]["jobs"] == "3" and stages["searches"]["time (s)"] == "22.2"
+    assert stages["corpus"]["jobs"] == "1" and stages["cells"]["jobs"] == "2"
+    assert stages["paper"]["jobs"] == "2" and stages["paper"]["time (s)"] == "8.2"
     assert stages["total"]["time (s)"] == _f(sum(seconds.values()), 1)
     (row,) = md_table(text, "their batch")
     summary = _summary(study).set_index(["technique", "batch_entry"])

@@ -5,7 +5,8 @@
 # (STUDY_CONFIG names the study's config if it is not config.yaml, as for gpu_study.sh.)
 # DEST gets config.yaml (the study as run: config.yaml with the offline corpus), results/ (cells,
 # searches, Snakemake benchmarks, summary.csv), data/ (corpus, token and tokenizer statistics; not
-# the corpus), logs/study-pieces.log (which machine ran which piece) and paper/ (md, tex, pdf, figures),
+# the corpus), logs/ (every rule's log; study-pieces.log: which machine ran which piece; study-run.log:
+# when each target started) and paper/ (md, tex, pdf, figures),
 # rendered by:  memopt paper --config DEST/config.yaml --results DEST/results --data DEST/data --out DEST/paper --pdf
 set -euo pipefail
 state=${1:?usage: publish_study.sh STATE.tar.gz DEST [DATASET]}
@@ -15,13 +16,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tar xzf "$state" -C "$tmp"
 rm -rf "$dest"
-mkdir -p "$dest"/data/{corpus,tokens,tokenizer} "$dest/logs"
+mkdir -p "$dest"/data/{corpus,tokens,tokenizer}
 cp -r "$tmp/results" "$dest/results"
 rm -f "$dest/results/README.md"
 cp "$tmp/data/corpus/stats.json" "$dest/data/corpus/"
 cp "$tmp/data/tokens/meta.json" "$dest/data/tokens/"
 cp "$tmp/data/tokenizer/spm.json" "$dest/data/tokenizer/"
-cp "$tmp/logs/study-pieces.log" "$dest/logs/"
+cp -r "$tmp/logs" "$dest/logs"
 python3 - "$dest/config.yaml" "$dataset" "${STUDY_CONFIG:-config.yaml}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open(sys.argv[3]))

@@ -218,6 +218,47 @@ def _oom_note(ax, summary) -> None:
         )
 
 
+def label_groups(points, cells, near=0.04):
+    """One label per group of nearby points, so close cells do not print over each other.
+
+    points: (x, y); cells: (technique, entry or None), one per point. Points join a group when
+    they lie within `near` of the data's span of some member on both axes. A group's label has one
+    line per technique, highest point first, its entries together ("baseline (same, max)"), and
+    is anchored at the group's rightmost x and highest y. Returns [((x, y), label)].
+    """
+    if not points:
+        return []
+    xs, ys = zip(*points)
+    span_x, span_y = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    groups: list[list[int]] = []
+    for i in sorted(range(len(points)), key=lambda i: -points[i][1]):
+        close = [
+            g
+            for g in groups
+            if any(
+                abs(points[i][0] - points[j][0]) <= near * span_x
+                and abs(points[i][1] - points[j][1]) <= near * span_y
+                for j in g
+            )
+        ]
+        for g in close[1:]:  # a point that links groups merges them
+            close[0].extend(g)
+            groups.remove(g)
+        close[0].append(i) if close else groups.append([i])
+    labelled = []
+    for g in groups:
+        entries: dict[str, list[str]] = {}
+        for i in sorted(g, key=lambda i: -points[i][1]):
+            technique, entry = cells[i]
+            entries.setdefault(technique, [])
+            if entry is not None:
+                entries[technique].append(entry)
+        lines = [t + (f" ({', '.join(e)})" if e else "") for t, e in entries.items()]
+        anchor = (max(points[i][0] for i in g), max(points[i][1] for i in g))
+        labelled.append((anchor, "\n".join(lines)))
+    return labelled
+
+
 def _tradeoff_figure(summary) -> Figure:
     """Peak memory against throughput for every ok cell, Pareto frontier as a step line."""
     fig = Figure(figsize=(6.0, 3.8))
@@ -234,7 +275,7 @@ def _tradeoff_figure(summary) -> Figure:
     fx, fy = zip(*front)
     # Staircase: between two frontier points the best reachable speed is the cheaper one's.
     ax.step(fx, fy, where="post", color="grey", linewidth=1.0, zorder=1)
-    for (x, y), (_, row) in zip(points, ok.iterrows()):
+    for x, y in points:
         best = (x, y) in on_front
         ax.scatter(
             x,
@@ -244,8 +285,9 @@ def _tradeoff_figure(summary) -> Figure:
             color="#DD8452" if best else "#4C72B0",
             edgecolor="black" if best else "none",
         )
-        label = row["technique"] if one_entry else f"{row['technique']} ({row['batch_entry']})"
-        ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    cells = [(r["technique"], None if one_entry else r["batch_entry"]) for _, r in ok.iterrows()]
+    for (x, y), label in label_groups(points, cells):
+        ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7, va="top")
     _oom_note(ax, summary)
     ax.legend(
         handles=[

@@ -330,14 +330,23 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 # Workflow stages in the order they run; a Snakemake benchmark file belongs to one by its path:
-# results/benchmarks/<stage>.tsv or results/benchmarks/<stage>/<...>.tsv.
-STAGES = ("corpus", "tokenizer", "tokens", "search", "cell")
+# results/benchmarks/search/<technique>.tsv, cell/<technique>/<entry>.tsv, or <rule>.tsv for the
+# rules below. The paper stage is aggregating and drawing figures: rendering the paper comes after
+# its stage table is written (render.tsv, pdf.tsv), so it cannot count itself.
+STAGES = ("corpus", "tokenizer", "tokens", "searches", "cells", "paper")
+RULE_STAGES = {
+    "corpus": "corpus",
+    "tokenizer": "tokenizer",
+    "tokens": "tokens",
+    "aggregate": "paper",
+    "figures": "paper",
+}
 
 
 def stage_benchmarks(benchmark_dir: Path) -> list[Path]:
-    """The stage benchmark files under results/benchmarks (not those of the paper's own rules)."""
+    """The stage benchmark files under results/benchmarks (not those of rendering the paper)."""
     root = Path(benchmark_dir)
-    files = [root / f"{stage}.tsv" for stage in STAGES[:3]]
+    files = [root / f"{rule}.tsv" for rule in RULE_STAGES]
     files += sorted((root / "search").glob("*.tsv")) + sorted((root / "cell").glob("*/*.tsv"))
     return [f for f in files if f.exists()]
 
@@ -349,13 +358,16 @@ def stage_times(benchmark_paths: list[Path]) -> dict:
     for path in map(Path, benchmark_paths):
         parts = path.parts
         if len(parts) >= 3 and parts[-3] == "cell":  # cell/<technique>/<entry>.tsv
-            stage = "cell"
+            stage = "cells"
         elif len(parts) >= 2 and parts[-2] == "search":  # search/<technique>.tsv
-            stage = "search"
-        else:  # corpus.tsv, tokenizer.tsv, tokens.tsv
-            stage = path.stem if path.stem in STAGES[:3] else None
+            stage = "searches"
+        else:
+            stage = RULE_STAGES.get(path.stem)
         if stage is None:
-            raise MemoptError(f"{path}: not a benchmark of a stage ({', '.join(STAGES)})")
+            raise MemoptError(
+                f"{path}: not a benchmark of a stage (search/*.tsv, cell/*/*.tsv or one of "
+                f"{', '.join(f'{rule}.tsv' for rule in RULE_STAGES)})"
+            )
         frame = pd.read_csv(path, sep="\t")
         if "s" not in frame.columns or frame.empty:
             raise MemoptError(f"{path}: a Snakemake benchmark needs a column 's' and one row")

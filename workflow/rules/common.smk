@@ -27,9 +27,10 @@ BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
 FIGURES = expand("paper/figures/{name}.{ext}", name=FIGURE_NAMES, ext=["pdf", "png"])
 PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
-# Wall-clock per job of each stage (Snakemake `benchmark:`), summed per stage in the paper.
+# Wall-clock per job of each stage (Snakemake `benchmark:`), summed per stage in the paper
+# (memopt.results.stage_times: rendering itself is not counted).
 STAGE_BENCHMARKS = (
-    expand("results/benchmarks/{stage}.tsv", stage=["corpus", "tokenizer", "tokens"])
+    expand("results/benchmarks/{rule}.tsv", rule=["corpus", "tokenizer", "tokens", "aggregate", "figures"])
     + expand("results/benchmarks/search/{technique}.tsv", technique=TECHNIQUES)
     + expand("results/benchmarks/cell/{technique}/{batch}.tsv", technique=TECHNIQUES, batch=BATCHES)
 )
