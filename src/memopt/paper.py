@@ -227,13 +227,14 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
     if trained:
         top = max(trained, key=lambda c: c["batch_size"])
         base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
+        base_max = max(base_batches) if base_batches else None
         status = {s["technique"]: s["status"] for s in searches}
         result["largest_batch"] = {
             "technique": top["technique"],
             "max_batch": top["batch_size"],
             "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
-            "baseline_max_batch": max(base_batches) if base_batches else None,
-            "ratio": _ratio(top["batch_size"], max(base_batches) if base_batches else None),
+            "baseline_max_batch": base_max,
+            "ratio": _ratio(top["batch_size"], base_max),
         }
     return result
 
@@ -368,6 +369,7 @@ def reference_comparison(
         )
         if base is None:
             continue
+        base_peak = _reported(base)
         seen = set()
         for r in results:
             name = r.get("memopt")
@@ -376,7 +378,7 @@ def reference_comparison(
             if r.get("batch_size") != base.get("batch_size"):
                 continue
             seen.add(name)
-            peak, base_peak = _reported(r), _reported(base)
+            peak = _reported(r)
             same_unit = peak and base_peak and peak[1] == base_peak[1]
             rows.append(
                 {

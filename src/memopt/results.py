@@ -305,17 +305,11 @@ def analysis(cells: list[dict]) -> dict:
             "peak_mib": low["peak_allocated_mib"],
         }
     ok = [c for c in cells if c["status"] == "ok"]
+    front = set(pareto([(c["peak_allocated_mib"], c["tokens_per_s"]) for c in ok]))
     result["pareto"] = [
         f"{c['technique']} ({c['batch_entry']})"
         for c in ok
-        if not any(
-            o["peak_allocated_mib"] <= c["peak_allocated_mib"]
-            and o["tokens_per_s"] >= c["tokens_per_s"]
-            and o is not c
-            and (o["peak_allocated_mib"], o["tokens_per_s"])
-            != (c["peak_allocated_mib"], c["tokens_per_s"])
-            for o in ok
-        )
+        if (c["peak_allocated_mib"], c["tokens_per_s"]) in front
     ]
     return result
 

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `
 from memopt.config import validate_config
 from memopt.errors import ConfigError
 from memopt.paper import tex_engine
-from memopt.results import FIGURE_NAMES
+from memopt.results import FIGURE_NAMES, RULE_STAGES
 from memopt.scripting import code_files
 
 
@@ -30,7 +30,7 @@ PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engi
 # Wall-clock per job of each stage (Snakemake `benchmark:`), summed per stage in the paper
 # (memopt.results.stage_times: rendering itself is not counted).
 STAGE_BENCHMARKS = (
-    expand("results/benchmarks/{rule}.tsv", rule=["corpus", "tokenizer", "tokens", "aggregate", "figures"])
+    expand("results/benchmarks/{rule}.tsv", rule=list(RULE_STAGES))
     + expand("results/benchmarks/search/{technique}.tsv", technique=TECHNIQUES)
     + expand("results/benchmarks/cell/{technique}/{batch}.tsv", technique=TECHNIQUES, batch=BATCHES)
 )
