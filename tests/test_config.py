@@ -26,11 +26,12 @@ def test_default_study_matches_the_issue():
         "dropout": 0.1,
     }
     assert cfg["tokenizer"]["vocab_size"] == 32000
-    assert (cfg["train"]["lr"], cfg["train"]["grad_clip"], cfg["train"]["steps"]) == (
-        5e-4,
-        1.0,
-        200,
-    )
+    assert (cfg["train"]["lr"], cfg["train"]["grad_clip"]) == (5e-4, 1.0)
+    # Protocol v2: adaptive timing, quality runs per function, exactness runs.
+    assert (cfg["measure"]["target_rel_ci"], cfg["measure"]["min_timed_steps"]) == (0.01, 10)
+    assert cfg["measure"]["max_timed_steps"] == 100
+    assert cfg["quality"] == {"tokens": None, "batch": 32, "seeds": 2}
+    assert (cfg["exactness"]["steps"], cfg["exactness"]["tolerance"]["bf16"]) == (50, 0.05)
     assert set(cfg["techniques"]) == {
         "baseline",
         "bf16",
@@ -47,7 +48,7 @@ def test_default_study_matches_the_issue():
 def test_defaults_fill_nested_and_per_technique():
     cfg = validate_config(BASE)
     assert cfg["device"] == "cuda"
-    assert cfg["train"]["steps"] == 200
+    assert cfg["measure"]["warmup_steps"] == 5 and cfg["quality"]["seeds"] == 2
     assert cfg["techniques"]["baseline"] == {
         "precision": "fp32",
         "attention": "math",
@@ -73,7 +74,7 @@ def test_defaults_fill_nested_and_per_technique():
             {"techniques": {"baseline": {"window": 4096}}},
             ["techniques.baseline.window", "4096", "model.seq_len", "1..1024"],
         ),
-        ({"train": {"steps": -3}}, ["train.steps", "-3", ">= 1"]),
+        ({"measure": {"min_timed_steps": -3}}, ["measure.min_timed_steps", "-3", ">= 2"]),
         ({"corpus": {"source": "ftp"}}, ["corpus.source", "'ftp'", "'mirror'"]),
         ({"corpus": {"source": "mirror"}}, ["corpus.mirror", "mirror"]),
         ({"batch_sizes": ["same", "huge"]}, ["batch_sizes[1]", "'huge'", "'max'"]),
@@ -109,5 +110,5 @@ def test_strings_from_snakemake_config_overrides_are_coerced():
     assert cfg["corpus"]["mirror"] is None and cfg["batch_sizes"] == ["same", 16]
     assert cfg["techniques"]["baseline"]["window"] == 8
     assert cfg["techniques"]["baseline"]["compile"] is False
-    with pytest.raises(ConfigError, match="train.steps: 'many'"):
-        validate_config({**BASE, "train": {"steps": "many"}})
+    with pytest.raises(ConfigError, match="quality.seeds: 'many'"):
+        validate_config({**BASE, "quality": {"seeds": "many"}})

@@ -3,12 +3,13 @@
 import json
 import math
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_results import CONFIG, TECHNIQUES, make_cell, write_study
+from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell, write_study
 
 from memopt.errors import MemoptError
 from memopt.figures import make_figures
@@ -22,8 +23,7 @@ TABLE_NUMBERS = {
     "peak allocated (MiB)": ("peak_allocated_mib", 0),
     "peak reserved (MiB)": ("peak_reserved_mib", 0),
     "tokens/s": ("tokens_per_s", 0),
-    "total (s)": ("wall_s", 0),
-    "val ppl": ("val_ppl", 2),
+    "timed steps": ("timed_steps", 0),
 }
 
 
@@ -33,7 +33,11 @@ def study(tmp_path_factory):
     paths = write_study(root)
     aggregate(paths["cells"], paths["summary"])
     make_figures(
-        paths["summary"], paths["cells"], root / "paper" / "figures", search_paths=paths["searches"]
+        paths["summary"],
+        paths["cells"],
+        root / "paper" / "figures",
+        search_paths=paths["searches"],
+        quality_paths=paths["quality"],
     )
     return paths | {"root": root, "figures": root / "paper" / "figures"}
 
@@ -53,7 +57,7 @@ def render(study, templates=TEMPLATES, name="paper", searches=None, **options):
         templates,
         out_md,
         out_tex,
-        **options,
+        **{"quality_csv": study["quality_csv"], "exactness_paths": study["exactness"], **options},
     )
     return out_md, out_tex
 
@@ -108,12 +112,15 @@ def test_results_table_matches_summary(study):
         assert row["batch"] == f"{expected['batch_size']:,.0f}"
         if expected["status"] == "oom":
             assert row["status"] == "**OOM**"
-            assert row["val ppl"] == row["tokens/s"] == "OOM"
+            assert row["retries"] == row["tokens/s"] == "OOM"
             continue
         for header, (column, decimals) in TABLE_NUMBERS.items():
             assert row[header] == f"{expected[column]:,.{decimals}f}", (header, row)
-        mean, sd = (expected[f"step_time_ms_{s}"] for s in ("mean", "std"))
-        assert row["step time (ms)"] == f"{mean:,.1f} ± {sd:,.1f}"
+        mean, half = (expected[f"step_time_ms_{s}"] for s in ("mean", "ci95_half"))
+        assert row["step time (ms)"] == f"{mean:,.1f} ± {half:,.1f}"
+        assert row["retries"] == str(
+            int(expected["allocator_alloc_retries"] + expected["allocator_ooms"])
+        )
 
 
 def test_search_table_and_abstract(study):
@@ -266,7 +273,7 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
     summary = _summary(study)
     ok = summary[summary["status"] == "ok"]
     base = ok[(ok["technique"] == "baseline") & (ok["batch_entry"] == "same")].iloc[0]
-    changes = md_table(text, "perplexity change")  # Table 4: every ok non-baseline cell
+    changes = md_table(text, "memory reduction")  # Table 4: every ok non-baseline cell
     assert len(changes) == len(ok[ok["technique"] != "baseline"])
     for row in changes:
         cell = ok[(ok["technique"] == row["technique"]) & (ok["batch_entry"] == row["entry"])]
@@ -275,9 +282,6 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
         assert row["speed-up"] == _f(cell["tokens_per_s"] / base["tokens_per_s"], 2) + "x"
         saved = 100 * (1 - cell["peak_allocated_mib"] / base["peak_allocated_mib"])
         assert row["memory reduction"] == _f(saved, 1) + "%"
-        assert (
-            row["perplexity change"] == _f(100 * (cell["val_ppl"] / base["val_ppl"] - 1), 2) + "%"
-        )
     breakdown = md_table(text, "optimizer state")  # Table 6: the ok cells at `same`
     same = ok[ok["batch_entry"] == "same"]
     assert [r["technique"] for r in breakdown] == list(same["technique"])
@@ -294,12 +298,33 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
     for row, (_, cell) in zip(breakdown, same.iterrows()):
         for header, column in columns.items():
             assert row[header] == _f(cell[column], 0), (header, row)
-    exact = md_table(text, "Δ val loss")  # Table 3: full-attention techniques at `same`
-    full = same[same["window"].isna() & (same["technique"] != "baseline")]
-    assert [r["technique"] for r in exact] == list(full["technique"])
-    for row, (_, cell) in zip(exact, full.iterrows()):
-        assert row["val loss"] == _f(cell["val_loss"], 4)
-        assert row["Δ val loss"] == _f(cell["val_loss"] - base["val_loss"], 4)
+    exact = md_table(
+        text, "within tolerance"
+    )  # Table 3: one function per technique here: references
+    assert [(r["technique"], r["reference"], r["within tolerance"]) for r in exact] == [
+        (t, "(itself)", "reference") for t in TECHNIQUES
+    ]
+
+
+def test_quality_table_states_spread_and_distinguishability(study):
+    text = render(study)[0].read_text()
+    rows = {r["function"]: r for r in md_table(text, "verdict")}
+    assert list(rows) == ["fp32", "bf16", "bf16_w128"]  # the techniques' order
+    for function, losses in QUALITY_LOSS.items():
+        row = rows[function]
+        assert row["seeds"] == "2"
+        assert (
+            row["val loss"] == f"{statistics.fmean(losses):,.4f} ± {statistics.stdev(losses):,.4f}"
+        )
+        ppl = [math.exp(v) for v in losses]
+        assert row["val ppl"] == _f(statistics.fmean(ppl), 2)
+        assert row["ppl range"] == f"{_f(min(ppl), 2)}–{_f(max(ppl), 2)}"
+    assert rows["fp32"]["Δ val loss"] == "reference" and rows["fp32"]["verdict"] == ""
+    assert rows["bf16"]["verdict"] == "not distinguishable"  # ranges 5.40-5.44 and 5.42-5.46
+    assert rows["bf16_w128"]["verdict"] == "worse"
+    assert rows["bf16"]["Δ val loss"] == _f(0.02, 4)
+    assert rows["bf16_w128"]["techniques"] == "local128"
+    assert rows["bf16"]["kernel"] == "cudnn"
 
 
 def test_search_table_matches_search_files(study):

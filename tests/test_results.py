@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from memopt.errors import MemoptError
-from memopt.results import aggregate, loss_curves, read_json, write_json
+from memopt.functions import function_of
+from memopt.results import aggregate, read_json, write_json
+from memopt.verdicts import aggregate_quality
 
 # Not alphabetical, so the tests see that rows keep the techniques' input order.
 TECHNIQUES = {
@@ -40,6 +42,8 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "std": 3.456 * k,
         "p10": 98.0 * k,
         "p90": 104.5 * k,
+        "ci95_half": 1.234 * k,
+        "rel_ci95": 1.234 / 101.234,
     }
     return {
         "technique": technique,
@@ -47,6 +51,7 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "batch_size": batch_size,
         "status": status,
         "spec": spec,
+        "function": function_of(spec),
         "kernel": spec["attention"],
         "kernel_detail": spec["attention"] if ok else None,
         "device": "cuda",
@@ -57,6 +62,18 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "seq_len": 64,
         "tokens_per_step": batch_size * 64,
         "step_time_ms": step if ok else None,
+        "timed_s": 1.01234 * k if ok else None,
+        "warmup_s": 0.25 * k if ok else None,
+        "allocator_events": (
+            {
+                "alloc_retries": 2 if technique == "local128" else 0,
+                "ooms": 0,
+                "device_allocs": 3,
+                "device_frees": 1,
+            }
+            if ok
+            else None
+        ),
         "tokens_per_s": 12345.678 / k if ok else None,
         "model_tflops": 123.4 / k if ok else None,
         "mfu": 0.1248 / k if ok else None,
@@ -79,9 +96,6 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "wall_s": 3.21 * k if ok else None,
         "peak_allocated_mib": 23456.789 / k if ok else None,
         "peak_reserved_mib": 24000.5 / k if ok else None,
-        "val_loss": 5.4321 + k / 100 if ok else None,
-        "val_ppl": math.exp(5.4321 + k / 100) if ok else None,
-        "final_train_loss": 5.5 if ok else None,
         "loss_curve": [8.0 - 0.2 * i - 0.05 * k for i in range(12)] if ok else [],
         "error": None if ok else "CUDA out of memory. Tried to allocate 2.00 GiB",
         "provenance": {
@@ -148,7 +162,6 @@ CONFIG = {
         "dropout": 0.1,
     },
     "train": {
-        "steps": 12,
         "lr": 0.0005,
         "warmup_steps": 2,
         "weight_decay": 0.1,
@@ -157,7 +170,14 @@ CONFIG = {
         "eval_sequences": 8,
         "eval_batch_size": 4,
     },
-    "measure": {"warmup_steps": 2, "exactness_tolerance": 0.05},
+    "measure": {
+        "warmup_steps": 2,
+        "target_rel_ci": 0.01,
+        "min_timed_steps": 10,
+        "max_timed_steps": 100,
+    },
+    "quality": {"tokens": 40_960, "batch": 32, "seeds": 2},
+    "exactness": {"steps": 5, "batch": 4, "tolerance": {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}},
     "search": {
         "memory_budget_gib": None,
         "max_batch": 1024,
@@ -171,6 +191,57 @@ CONFIG = {
         name: {k: v for k, v in spec.items() if v is not None} for name, spec in TECHNIQUES.items()
     },
 }
+
+
+SEEDS = (1234, 1235)
+# Validation loss per function and seed: bf16's range overlaps fp32's (not distinguishable),
+# the window's lies above both (worse).
+QUALITY_LOSS = {"fp32": (5.40, 5.44), "bf16": (5.42, 5.46), "bf16_w128": (5.60, 5.62)}
+
+
+def make_quality(function: str, seed: int) -> dict:
+    loss = QUALITY_LOSS[function][SEEDS.index(seed)]
+    precision, _, window = function.partition("_w")
+    spec = {
+        "precision": precision,
+        "attention": "auto",
+        "window": int(window) if window else None,
+        "checkpointing": "none",
+        "checkpoint_every": 2,
+        "compile": False,
+    }
+    return {
+        "function": function,
+        "seed": seed,
+        "status": "ok",
+        "spec": spec,
+        "kernel": "efficient" if precision == "fp32" else ("flex" if window else "cudnn"),
+        "batch_size": 32,
+        "tokens_per_step": 2048,
+        "steps": 20,
+        "tokens": 40_960,
+        "loss_curve": [8.0 - 0.1 * i - (seed - 1234) * 0.01 for i in range(20)],
+        "train_s": 2.5 + (seed - 1234),
+        "eval_s": 0.1,
+        "wall_s": 3.0,
+        "val_loss": loss,
+        "val_ppl": math.exp(loss),
+        "error": None,
+        "provenance": {"gpu": "H100", "gpu_uuid": "GPU-1", "host": "h", "git_commit": "abc123"},
+    }
+
+
+def make_exactness(technique: str) -> dict:
+    # flash_gradcp is checked against nothing of its own function here: one member each, so each
+    # technique is its own reference.
+    return {
+        "technique": technique,
+        "function": function_of(TECHNIQUES[technique]),
+        "batch_size": 4,
+        "steps": 5,
+        "losses": [7.0 - 0.1 * i for i in range(5)],
+        "seconds": 0.5,
+    }
 
 
 def write_study(root: Path) -> dict:
@@ -188,11 +259,26 @@ def write_study(root: Path) -> dict:
         path = root / "results" / "search" / f"{technique}.json"
         write_json(path, make_search(technique))
         searches.append(path)
+    quality = []
+    for function in QUALITY_LOSS:
+        for seed in SEEDS:
+            path = root / "results" / "quality" / function / f"{seed}.json"
+            write_json(path, make_quality(function, seed))
+            quality.append(path)
+    aggregate_quality(quality, root / "results" / "quality.csv")
+    exact = []
+    for technique in TECHNIQUES:
+        path = root / "results" / "exactness" / f"{technique}.json"
+        write_json(path, make_exactness(technique))
+        exact.append(path)
     write_json(root / "data" / "corpus" / "stats.json", STATS)
     write_json(root / "data" / "tokens" / "meta.json", META)
     return {
         "cells": cells,
         "searches": searches,
+        "quality": quality,
+        "quality_csv": root / "results" / "quality.csv",
+        "exactness": exact,
         "stats": root / "data/corpus/stats.json",
         "meta": root / "data/tokens/meta.json",
         "summary": root / "results" / "summary.csv",
@@ -227,9 +313,12 @@ BRIEF_COLUMNS = [
     "wall_s",
     "peak_allocated_mib",
     "peak_reserved_mib",
-    "val_loss",
-    "val_ppl",
-    "final_train_loss",
+    "function",
+    "step_time_ms_ci95_half",
+    "step_time_ms_rel_ci95",
+    "timed_s",
+    "allocator_alloc_retries",
+    "allocator_ooms",
 ]
 
 
@@ -250,7 +339,10 @@ def test_aggregate_rows_columns_values(tmp_path):
         if cell["status"] == "ok":
             assert row["step_time_ms_std"] == pytest.approx(cell["step_time_ms"]["std"], rel=1e-12)
             assert row["peak_allocated_mib"] == pytest.approx(cell["peak_allocated_mib"], rel=1e-12)
-            assert row["val_ppl"] == pytest.approx(cell["val_ppl"], rel=1e-12)
+            assert row["step_time_ms_ci95_half"] == pytest.approx(cell["step_time_ms"]["ci95_half"])
+            assert row["timed_s"] == pytest.approx(cell["timed_s"], rel=1e-12)
+            assert row["allocator_alloc_retries"] == cell["allocator_events"]["alloc_retries"]
+            assert row["function"] == cell["function"]
         else:  # oom: no numbers, never zeros, and the message is kept
             assert math.isnan(row["peak_allocated_mib"]) and math.isnan(row["tokens_per_s"])
             assert "out of memory" in row["error"]
@@ -292,44 +384,18 @@ def test_json_helpers_roundtrip_atomically(tmp_path):
         read_json(path)
 
 
-def test_loss_curves(tmp_path):
+def test_quality_csv_has_one_row_per_run(tmp_path):
     study = write_study(tmp_path)
-    curves = loss_curves(study["cells"])
-    assert len(curves) == 6
-    assert len(curves[("baseline", "same")]) == 12
-    assert curves[("flash_gradcp", "max")] == []
-
-
-def test_exactness_compares_exact_techniques_with_the_baseline():
-    from memopt.results import exactness
-
-    def cell(t, loss, window=None, entry="same", status="ok"):
-        return {
-            "technique": t,
-            "batch_entry": entry,
-            "status": status,
-            "window": window,
-            "val_loss": loss,
-            "final_train_loss": None if loss is None else loss + 1,
-            "batch_size": 8,
-        }
-
-    cells = [
-        cell("baseline", 5.0),
-        cell("bf16", 5.03),
-        cell("flash", 5.2),
-        cell("local", 7.0, window=16),
-        cell("bf16", 9.0, entry="max"),
-        cell("gradcp", None, status="oom"),
+    frame = pd.read_csv(study["quality_csv"])
+    assert list(zip(frame["function"], frame["seed"])) == [
+        (f, seed) for f in QUALITY_LOSS for seed in SEEDS
     ]
-    check = exactness(cells, "baseline", 0.05)
-    assert [r["technique"] for r in check["rows"]] == ["bf16", "flash"]  # windowed: not exact
-    assert check["rows"][0]["delta_val_loss"] == pytest.approx(0.03) and check["rows"][0]["ok"]
-    assert not check["holds"] and check["failed"] == ["flash"]
-    assert exactness(cells[:2], "baseline", 0.05)["holds"]
+    assert frame["val_loss"].tolist() == [v for f in QUALITY_LOSS for v in QUALITY_LOSS[f]]
+    assert frame.loc[frame["function"] == "bf16_w128", "window"].tolist() == [128, 128]
+    assert frame["final_train_loss"].iloc[0] == pytest.approx(8.0 - 0.1 * 19)
 
 
-def _spec_cell(t, prec, att, win, ck, tps, mem, ppl=50.0, entry="same"):
+def _spec_cell(t, prec, att, win, ck, tps, mem, entry="same"):
     return dict(
         technique=t,
         batch_entry=entry,
@@ -343,7 +409,6 @@ def _spec_cell(t, prec, att, win, ck, tps, mem, ppl=50.0, entry="same"):
         compile=False,
         tokens_per_s=tps,
         peak_allocated_mib=mem,
-        val_ppl=ppl,
     )
 
 
@@ -351,8 +416,8 @@ def test_incremental_effects_and_changes_against_the_baseline():
     from memopt.results import incremental_effects, relative_to_baseline
 
     cells = [
-        _spec_cell("baseline", "fp32", "math", None, "none", 100, 1000, 50.0),
-        _spec_cell("bf16", "bf16", "math", None, "none", 300, 900, 50.5),
+        _spec_cell("baseline", "fp32", "math", None, "none", 100, 1000),
+        _spec_cell("bf16", "bf16", "math", None, "none", 300, 900),
         _spec_cell("flash", "bf16", "flash", None, "none", 900, 450),
         _spec_cell("local128", "bf16", "flex", 128, "none", 950, 450),
         _spec_cell("gradcp", "fp32", "math", None, "full", 80, 300),
@@ -371,7 +436,7 @@ def test_incremental_effects_and_changes_against_the_baseline():
     assert pairs[("local128", "flash")]["change"] == "flash → flex + window 128"
     assert pairs[("gradcp", "baseline")]["knob"] == "checkpointing"
     rel = {(r["technique"], r["batch_entry"]): r for r in relative_to_baseline(cells, "baseline")}
-    assert rel[("bf16", "same")]["ppl_change_pct"] == pytest.approx(1.0)
+    assert rel[("bf16", "same")]["memory_reduction_pct"] == pytest.approx(10.0)
     assert rel[("flash", "max")]["speedup"] == pytest.approx(9.99)
     assert ("baseline", "same") not in rel
 

@@ -32,8 +32,10 @@ PDF = {"pdf": 1} if tex_engine() else {}  # paper.pdf is part of `all` where TeX
 TINY = {
     "tokenizer": {"vocab_size": 400, "train_chars": 200_000},
     "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
-    "train": {"steps": 8, "warmup_steps": 2, "eval_sequences": 8, "eval_batch_size": 4},
-    "measure": {"warmup_steps": 3},
+    "train": {"warmup_steps": 2, "eval_sequences": 8, "eval_batch_size": 4},
+    "measure": {"warmup_steps": 3, "min_timed_steps": 3, "max_timed_steps": 5},
+    "quality": {"tokens": 4096, "batch": 8, "seeds": 2},
+    "exactness": {"steps": 4, "batch": 2},
     "search": {"cpu_memory_budget_gib": 0.008, "max_batch": 128},
 }
 
@@ -115,7 +117,11 @@ def check_outputs(wd: Path, techniques: list[str]) -> list[dict]:
     for r in rows:
         assert r["status"] == "ok", r
         assert float(r["peak_allocated_mib"]) > 0 and float(r["tokens_per_s"]) > 0
-        assert 1 < float(r["val_ppl"]) < 1000
+        assert 1 <= int(r["timed_steps"]) and float(r["step_time_ms_rel_ci95"]) >= 0
+    with open(wd / "results/quality.csv") as f:
+        quality = list(csv.DictReader(f))
+    assert quality and {q["status"] for q in quality} == {"ok"}
+    assert all(1 < float(q["val_ppl"]) < 1000 for q in quality)
     paper = (wd / "paper/paper.md").read_text()
     tex = (wd / "paper/paper.tex").read_text()
     assert "\\begin{document}" in tex and "\\end{document}" in tex
@@ -194,9 +200,11 @@ def test_one_technique_change_reruns_only_that_technique(smoke):
     wd = smoke[0]
     assert planned(wd) == {}
     change = ["--config", "techniques={'local16': {'window': 8}}"]
+    # A new window is a new function: its quality runs (one per seed) run too.
     assert planned(wd, *change) == {
         "search": 1,
         "cell": 2,
+        "quality": 2,
         "aggregate": 1,
         "figures": 1,
         "render": 1,
@@ -230,9 +238,9 @@ def test_named_targets(smoke):
 
 
 def test_bad_config_stops_before_the_dag(smoke):
-    proc = snakemake(smoke[0], "-n", "--config", "train={'steps': -5}", check=False)
+    proc = snakemake(smoke[0], "-n", "--config", "quality={'seeds': -5}", check=False)
     assert proc.returncode != 0
-    assert "train.steps: -5 is not allowed; allowed: a number >= 1" in proc.stderr + proc.stdout
+    assert "quality.seeds: -5 is not allowed; allowed: a number >= 1" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr + proc.stdout
 
 

@@ -48,8 +48,8 @@ def cmd_cell(args) -> None:
     if r["status"] == "ok":
         print(
             f"{args.technique} batch {r['batch_size']}: {r['step_time_ms']['mean']:.1f} ms/step, "
-            f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_allocated_mib']:.0f} MiB, "
-            f"val ppl {r['val_ppl']:.2f} -> {out}"
+            f"± {100 * (r['step_time_ms']['rel_ci95'] or 0):.1f}% ({r['timed_steps']} timed), "
+            f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_allocated_mib']:.0f} MiB -> {out}"
         )
     else:
         print(f"{args.technique} batch {r['batch_size']}: {r['status']} ({r['error']}) -> {out}")
@@ -57,8 +57,10 @@ def cmd_cell(args) -> None:
 
 def cmd_paper(args) -> None:
     from memopt.figures import make_figures
+    from memopt.functions import functions
     from memopt.paper import render_paper
     from memopt.results import aggregate, stage_benchmarks
+    from memopt.verdicts import aggregate_quality
 
     results, out = Path(args.results), Path(args.out)
     study = _study(args)
@@ -67,17 +69,23 @@ def cmd_paper(args) -> None:
         for t in study["techniques"]
         for b in study["batch_sizes"]
     ]
-    missing = [str(c) for c in cells if not c.exists()]
+    seeds = [study["train"]["seed"] + i for i in range(study["quality"]["seeds"])]
+    runs = [
+        results / "quality" / f / f"{s}.json" for f in functions(study["techniques"]) for s in seeds
+    ]
+    exact = [results / "exactness" / f"{t}.json" for t in study["techniques"]]
+    missing = [str(c) for c in cells + runs + exact if not c.exists()]
     if missing:
         from memopt.errors import MemoptError
 
         raise MemoptError(
-            f"{len(missing)} cell result(s) missing under {results}: " + ", ".join(missing[:5])
+            f"{len(missing)} result(s) missing under {results}: " + ", ".join(missing[:5])
         )
     summary = results / "summary.csv"
     searches = sorted((results / "search").glob("*.json"))
     aggregate(cells, summary)
-    make_figures(summary, cells, out / "figures", search_paths=searches)
+    aggregate_quality(runs, results / "quality.csv")
+    make_figures(summary, cells, out / "figures", search_paths=searches, quality_paths=runs)
     render_paper(
         summary,
         searches,
@@ -90,6 +98,8 @@ def cmd_paper(args) -> None:
         out / "paper.tex",
         benchmark_paths=stage_benchmarks(results / "benchmarks"),
         reference_path=Path(args.templates).parent / "reference.yaml",
+        quality_csv=results / "quality.csv",
+        exactness_paths=exact,
     )
     print(f"wrote {out / 'paper.md'} and {out / 'paper.tex'}")
     if args.pdf:

@@ -172,11 +172,12 @@ def _check_cross_keys(cfg: dict) -> None:
             f"baseline: {cfg['baseline']!r} is not a technique; allowed: "
             + ", ".join(cfg["techniques"])
         )
-    if cfg["train"]["steps"] <= cfg["measure"]["warmup_steps"]:
+    meas = cfg["measure"]
+    if meas["min_timed_steps"] > meas["max_timed_steps"]:
         problems.append(
-            f"train.steps: {cfg['train']['steps']} leaves no timed step after "
-            f"measure.warmup_steps ({cfg['measure']['warmup_steps']}); allowed: > "
-            f"{cfg['measure']['warmup_steps']}"
+            f"measure.min_timed_steps: {meas['min_timed_steps']} is larger than "
+            f"measure.max_timed_steps ({meas['max_timed_steps']}); allowed: <= "
+            f"{meas['max_timed_steps']}"
         )
     c = cfg["corpus"]
     if c["source"] == "mirror" and not c.get("mirror"):

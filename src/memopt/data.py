@@ -60,12 +60,14 @@ class Batches:
 
 
 def eval_sequences(tokens: np.ndarray, seq_len: int, n_sequences: int) -> torch.Tensor:
-    """The first n non-overlapping windows of the validation split, (n, seq_len + 1)."""
+    """n windows of seq_len + 1 tokens spread evenly over the whole validation split (the first
+    starts at its beginning, the last ends at its end), (n, seq_len + 1); the same in every run."""
     n = min(n_sequences, (len(tokens) - 1) // seq_len)
     if n < 1:
         raise MemoptError(
             f"validation split has {len(tokens)} tokens, fewer than model.seq_len + 1 "
             f"({seq_len + 1}); raise corpus.val_fraction or use more text"
         )
-    rows = [tokens[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)]
+    starts = np.linspace(0, len(tokens) - seq_len - 1, n).round().astype(np.int64)
+    rows = [tokens[s : s + seq_len + 1] for s in starts]
     return torch.from_numpy(np.stack(rows).astype(np.int64))

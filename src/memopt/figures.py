@@ -1,4 +1,4 @@
-"""Paper figures from summary.csv, the loss curves in the cell JSONs and the search trials.
+"""Paper figures from summary.csv, the search trials and the quality runs.
 
 Every name in FIGURE_NAMES is always written (as .pdf and .png), so the workflow's declared
 outputs exist even for a study where every cell is oom: an empty figure says so in its plot.
@@ -21,7 +21,6 @@ from matplotlib.ticker import StrMethodFormatter
 from memopt.results import (
     FIGURE_NAMES,
     entry_sort_key,
-    loss_curves,
     pareto,
     read_json,
     read_summary,
@@ -131,34 +130,52 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
     return fig
 
 
-def _loss_figure(summary, curves: dict) -> Figure:
-    """Training loss per step for every technique at the `same` batch (the fair comparison)."""
-    entry = _main_entry(summary)
+def _loss_figure(runs: list[dict]) -> Figure:
+    """Training loss against training tokens for every function's quality runs: the mean over
+    seeds, with the band between the lowest and the highest seed."""
     fig = Figure(figsize=(6.0, 3.4))
     ax = fig.subplots()
-    oom = []
-    for technique in dict.fromkeys(summary["technique"]):
-        curve = curves.get((technique, entry), [])
-        if curve:
-            ax.plot(range(1, len(curve) + 1), curve, linewidth=1.0, label=technique)
-        else:
-            oom.append(technique)
-    if oom:  # say in the plot which techniques have no curve, rather than omit them silently
+    by_function: dict[str, list[dict]] = {}
+    for run in runs:
+        by_function.setdefault(run["function"], []).append(run)
+    failed = []
+    for function, group in by_function.items():
+        curves = [r["loss_curve"] for r in group if r["status"] == "ok" and r["loss_curve"]]
+        if not curves:
+            failed.append(function)
+            continue
+        n = min(map(len, curves))
+        tokens = [(i + 1) * group[0]["tokens_per_step"] for i in range(n)]
+        cols = list(zip(*(c[:n] for c in curves)))
+        mean = [sum(c) / len(c) for c in cols]
+        line = ax.plot(tokens, mean, linewidth=1.0, label=f"{function} ({len(curves)} seeds)")
+        if len(curves) > 1:
+            ax.fill_between(
+                tokens,
+                [min(c) for c in cols],
+                [max(c) for c in cols],
+                color=line[0].get_color(),
+                alpha=0.25,
+                linewidth=0,
+            )
+    if failed:
         ax.text(
             0.99,
             0.97,
-            "OOM: " + ", ".join(oom),
+            "no run finished: " + ", ".join(failed),
             transform=ax.transAxes,
             ha="right",
             va="top",
             fontsize=8,
             color="#B00020",
         )
+    if not runs:
+        _placeholder(ax, "no quality runs in this study")
     if ax.lines:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_xlabel("optimizer step")
+        ax.legend(loc="upper right", frameon=False)
+    ax.set_xlabel("training tokens")
     ax.set_ylabel("training loss (nats/token)")
-    ax.set_title(f"Training loss, {_entry_label(entry)}")
+    ax.set_title("Quality runs: training loss (mean of seeds, band: seed range)")
     return fig
 
 
@@ -560,7 +577,7 @@ def _windows_figure(summary) -> Figure:
     panels = [
         ("tokens_per_s", "tokens/s"),
         ("peak_allocated_mib", "peak allocated (MiB)"),
-        ("val_ppl", "validation perplexity"),
+        ("val_ppl", "val. perplexity (its function)"),
     ]
     fig = Figure(figsize=(7.2, 3.0))
     axes = fig.subplots(1, len(panels))
@@ -597,15 +614,25 @@ def make_figures(
     out_dir: Path,
     *,
     search_paths: list[Path] = (),
+    quality_paths: list[Path] = (),
     baseline: str = "baseline",
 ) -> list[Path]:
     """Write every figure in FIGURE_NAMES as .pdf and .png into out_dir; return the paths.
 
-    search_paths give memory_batch its trials and fits; baseline names the technique that
-    memory_saved compares against.
+    search_paths give memory_batch its trials and fits; quality_paths the quality runs (loss
+    against tokens; each technique's validation perplexity is its function's mean over seeds);
+    baseline names the technique that memory_saved compares against.
     """
     summary = read_summary(summary_csv)
     searches = [read_json(Path(p)) for p in search_paths]
+    runs = [read_json(Path(p)) for p in quality_paths]
+    ppl: dict[str, list[float]] = {}
+    for run in runs:
+        if run["status"] == "ok":
+            ppl.setdefault(run["function"], []).append(run["val_ppl"])
+    summary["val_ppl"] = (
+        summary["function"].map({f: sum(v) / len(v) for f, v in ppl.items()}).astype(float)
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context(STYLE):
@@ -619,7 +646,7 @@ def make_figures(
             "throughput": _bar_figure(
                 summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
             ),
-            "loss": _loss_figure(summary, loss_curves(cell_paths)),
+            "loss": _loss_figure(runs),
             "tradeoff": _tradeoff_figure(summary),
             "memory_saved": _memory_saved_figure(summary, baseline),
             "phases": _phases_figure(summary),

@@ -140,12 +140,24 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+_INITIAL: dict[tuple, dict] = {}  # initial weights per (shapes, seed), kept for this process
+
+
 def build_model(cfg: ModelConfig, seed: int, device: str) -> Decoder:
-    """Identical initial weights for every technique: seeded, built on the CPU, then moved."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    """Identical initial weights for every technique: seeded, initialized on the CPU once per
+    process and shapes, then copied (a search builds one model per trial)."""
+    key = (cfg.vocab_size, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.seq_len, seed)
+    if key not in _INITIAL:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            _INITIAL.clear()  # one set at a time: a process uses one model
+            _INITIAL[key] = Decoder(cfg).state_dict()
+    with torch.device("meta"):
         model = Decoder(cfg)
-    return model.to(device)
+    model.to_empty(device=device)
+    model.head.weight = model.tok.weight  # to_empty unties them
+    model.load_state_dict(_INITIAL[key])
+    return model
 
 
 def n_params(model: nn.Module) -> int:

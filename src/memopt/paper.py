@@ -25,7 +25,6 @@ from memopt.results import (
     INT_COLUMNS,
     analysis,
     entry_sort_key,
-    exactness,
     incremental_effects,
     read_json,
     read_summary,
@@ -33,6 +32,7 @@ from memopt.results import (
     stage_times,
     write_text,
 )
+from memopt.verdicts import exactness, measurement_share, quality_table, throughput_optimal
 
 PROVENANCE_KEYS = (
     "git_commit",
@@ -197,8 +197,6 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
         "baseline_ok": base is not None,
         "lowest_memory": None,
         "fastest": None,
-        "ppl_min": None,
-        "ppl_max": None,
         "largest_batch": None,
     }
     if ok:
@@ -220,8 +218,6 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
             "baseline_tokens_per_s": base_tps,
             "speedup": _ratio(fast["tokens_per_s"], base_tps),
         }
-        ppls = [c["val_ppl"] for c in ok if c["val_ppl"] is not None]
-        result["ppl_min"], result["ppl_max"] = (min(ppls), max(ppls)) if ppls else (None, None)
     # "Trains" means a cell finished: a search maximum whose full run ran out of memory is not it.
     trained = [c for c in cells if c["status"] == "ok"]
     if trained:
@@ -271,6 +267,15 @@ def _techniques(cells: list[dict]) -> list[dict]:
     return list(out.values())
 
 
+def _quality_runs(quality_csv: Path | None) -> list[dict]:
+    if quality_csv is None or not Path(quality_csv).exists():
+        return []
+    import pandas as pd
+
+    frame = pd.read_csv(quality_csv)
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
 def build_context(
     summary_csv,
     search_paths,
@@ -279,11 +284,14 @@ def build_context(
     config,
     benchmark_paths=(),
     reference_path: Path | None = None,
+    quality_csv: Path | None = None,
+    exactness_paths=(),
 ) -> dict:
     """Everything the templates may use, except the figure paths (figure_paths: per format).
 
     benchmark_paths: Snakemake benchmark files of the stages (wall-clock per stage, appendix);
-    reference_path: the YAML of earlier reports' numbers (comparison table), if any."""
+    reference_path: the YAML of earlier reports' numbers (comparison table), if any;
+    quality_csv: the quality runs (results/quality.csv); exactness_paths: the exactness runs."""
     cells = _cells(Path(summary_csv))
     # Search tables follow the cells' technique order, whatever order the paths came in.
     rank = {t: i for i, t in enumerate(dict.fromkeys(c["technique"] for c in cells))}
@@ -300,6 +308,9 @@ def build_context(
     # Device and step counts as the cells recorded them (an oom cell has no step counts).
     first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
     relative = relative_to_baseline(cells, baseline)
+    runs = _quality_runs(quality_csv)
+    stages = stage_times(benchmark_paths)
+    timed = [c["timed_steps"] for c in cells if c.get("timed_steps") is not None]
     return {
         "cells": cells,
         "techniques": _techniques(cells),
@@ -313,12 +324,30 @@ def build_context(
         "flops": flops_summary(config["model"], tokens["vocab_size"], cells),
         "train": config.get("train", {}),
         "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
-        "measured": {k: first_ok.get(k) for k in ("steps", "warmup_steps", "timed_steps")},
+        "measured": {
+            "warmup_steps": first_ok.get("warmup_steps"),
+            "timed_min": min(timed) if timed else None,
+            "timed_max": max(timed) if timed else None,
+            "at_max": sum(t >= config["measure"]["max_timed_steps"] for t in timed),
+        },
+        "retries": [
+            c
+            for c in cells
+            if (c.get("allocator_alloc_retries") or 0) > 0 or (c.get("allocator_ooms") or 0) > 0
+        ],
         "findings": findings(cells, searches, baseline),
-        "exactness": exactness(cells, baseline, config["measure"]["exactness_tolerance"]),
+        "quality": quality_table(runs, config["techniques"], baseline),
+        "quality_runs": runs,
+        "exactness": exactness(
+            [read_json(Path(p)) for p in exactness_paths],
+            config["techniques"],
+            config["exactness"]["tolerance"],
+        ),
+        "optimal": throughput_optimal(cells, searches, config["model"]["seq_len"]),
         "relative": relative,
         "references": reference_comparison(reference_path, relative, searches, baseline),
-        "stages": stage_times(benchmark_paths),
+        "stages": stages,
+        "share": measurement_share(stages, cells, runs),
         "analysis": analysis(cells),
         "config_yaml": yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(),
         "increments": incremental_effects(cells),
@@ -428,6 +457,8 @@ def render_paper(
     *,
     benchmark_paths=(),
     reference_path: Path | None = None,
+    quality_csv: Path | None = None,
+    exactness_paths=(),
 ) -> None:
     """Render paper.md.j2 -> out_md and paper.tex.j2 -> out_tex; nothing is written unless both
     render, so a failed render never leaves one format newer than the other."""
@@ -439,6 +470,8 @@ def render_paper(
         config,
         benchmark_paths=benchmark_paths,
         reference_path=reference_path,
+        quality_csv=quality_csv,
+        exactness_paths=exactness_paths,
     )
     texts = {}
     for out, template, latex, ext in (

@@ -10,6 +10,7 @@ import torch
 
 from memopt.data import TokenData
 from memopt.errors import MemoptError
+from memopt.quality import run_exactness, run_quality
 from memopt.results import read_json, write_json
 from memopt.search import search_max_batch
 from memopt.techniques import resolve_device
@@ -41,10 +42,35 @@ def _setup(cfg: dict, threads: int | None) -> str:
 
 
 def search_file(
-    cfg: dict, technique: str, tokens_dir: Path, out: Path, threads: int | None = None
+    cfg: dict,
+    technique: str,
+    tokens_dir: Path,
+    out: Path,
+    threads: int | None = None,
+    exactness_out: Path | None = None,
+) -> dict:
+    """The technique's maximum batch -> out; with exactness_out, first its exactness run (same
+    process: a second job would pay another Python, torch and CUDA start)."""
+    device = _setup(cfg, threads)
+    data = TokenData(tokens_dir)
+    if exactness_out is not None:
+        exact = run_exactness(cfg, technique, data, device)
+        print(
+            f"[exactness {technique}] {exact['steps']} steps at batch {exact['batch_size']}: "
+            f"loss {exact['losses'][0]:.4f} -> {exact['losses'][-1]:.4f}"
+        )
+    result = search_max_batch(cfg, technique, data, device)
+    write_json(out, result)
+    if exactness_out is not None:
+        write_json(exactness_out, exact)
+    return result
+
+
+def quality_file(
+    cfg: dict, function: str, seed: int, tokens_dir: Path, out: Path, threads: int | None = None
 ) -> dict:
     device = _setup(cfg, threads)
-    result = search_max_batch(cfg, technique, TokenData(tokens_dir), device)
+    result = run_quality(cfg, function, int(seed), TokenData(tokens_dir), device)
     write_json(out, result)
     return result
 

@@ -16,13 +16,14 @@ from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-e
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
 CELL_KEYS = """
-    technique batch_entry batch_size status spec kernel kernel_detail device device_name steps
-    warmup_steps timed_steps seq_len tokens_per_step step_time_ms tokens_per_s model_tflops mfu
-    wall_s peak_allocated_mib peak_reserved_mib phase_memory memory_breakdown val_loss val_ppl
-    final_train_loss loss_curve error
+    technique batch_entry batch_size status spec function kernel kernel_detail device device_name
+    steps warmup_steps timed_steps seq_len tokens_per_step step_time_ms timed_s warmup_s
+    allocator_events tokens_per_s model_tflops mfu wall_s peak_allocated_mib peak_reserved_mib
+    phase_memory memory_breakdown loss_curve error
 """.split()
 SPEC_KEYS = ["precision", "attention", "window", "checkpointing", "checkpoint_every", "compile"]
-STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90"]
+STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90", "ci95_half", "rel_ci95"]
+ALLOCATOR_KEYS = ["alloc_retries", "ooms", "device_allocs", "device_frees"]
 # Provenance is optional per key (older cells may lack some); copied so the paper can cite it.
 PROVENANCE_KEYS = """
     torch python cuda cudnn gpu driver flash_attn git_commit config_hash memopt host gpu_uuid
@@ -53,21 +54,23 @@ FIGURE_NAMES = (
 
 # Column order of summary.csv: identity, spec, setup, timing, memory, quality, provenance.
 SUMMARY_COLUMNS = (
-    ["technique", "batch_entry", "batch_size", "status", "measured_as"]
+    ["technique", "batch_entry", "batch_size", "status", "measured_as", "function"]
     + SPEC_KEYS
     + "kernel kernel_detail device device_name steps warmup_steps timed_steps seq_len".split()
     + ["tokens_per_step"]
     + [f"step_time_ms_{stat}" for stat in STEP_TIME_STATS]
+    + "timed_s warmup_s".split()
+    + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
     + "tokens_per_s model_tflops mfu wall_s peak_allocated_mib peak_reserved_mib".split()
     + [f"phase_{key}" for key in PHASE_KEYS]
     + [f"{key}_mib" for key in BREAKDOWN_KEYS]
-    + "val_loss val_ppl final_train_loss error".split()
+    + ["error"]
     + [f"provenance_{key}" for key in PROVENANCE_KEYS]
 )
 # Integer columns that may hold nulls (batch_size of an oom cell, window): kept as Int64 so the
 # CSV says 8, not 8.0.
 INT_COLUMNS = "batch_size window checkpoint_every steps warmup_steps timed_steps seq_len".split()
-INT_COLUMNS += ["tokens_per_step"]
+INT_COLUMNS += ["tokens_per_step"] + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
 
 
 def read_cell(path: Path) -> dict:
@@ -116,6 +119,8 @@ def cell_row(cell: dict) -> dict:
             row[key] = step_time.get(key.removeprefix("step_time_ms_"))
         elif key.startswith("provenance_"):
             row[key] = provenance.get(key.removeprefix("provenance_"))
+        elif key.startswith("allocator_"):
+            row[key] = (cell["allocator_events"] or {}).get(key.removeprefix("allocator_"))
         elif key.startswith("phase_"):
             row[key] = (cell["phase_memory"] or {}).get(key.removeprefix("phase_"))
         elif key.endswith("_mib") and key.removesuffix("_mib") in BREAKDOWN_KEYS:
@@ -170,54 +175,15 @@ def read_summary(summary_csv: Path) -> pd.DataFrame:
     return frame
 
 
-def loss_curves(cell_paths: list[Path]) -> dict[tuple[str, str], list[float]]:
-    """Per-step training loss of each cell, keyed by (technique, batch entry); oom cells give []."""
-    curves = {}
-    for path in cell_paths:
-        cell = read_cell(Path(path))
-        curves[(cell["technique"], str(cell["batch_entry"]))] = list(cell["loss_curve"] or [])
-    return curves
-
-
-def exactness(cells: list[dict], baseline: str, tolerance: float) -> dict:
-    """The exactness check: at the `same` batch, every technique that computes the baseline's
-    function (full causal attention; only precision, kernel, checkpointing or compilation differ)
-    must end within `tolerance` nats of the baseline's validation loss."""
-    same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
-    base, rows = same.get(baseline), []
-    for name, cell in same.items():
-        if base is None or name == baseline or cell["window"] is not None:
-            continue
-        delta = cell["val_loss"] - base["val_loss"]
-        rows.append(
-            {
-                "technique": name,
-                "val_loss": cell["val_loss"],
-                "delta_val_loss": delta,
-                "delta_final_train_loss": cell["final_train_loss"] - base["final_train_loss"],
-                "ok": abs(delta) <= tolerance,
-            }
-        )
-    return {
-        "baseline": baseline,
-        "tolerance": tolerance,
-        "batch_size": base["batch_size"] if base else None,
-        "rows": rows,
-        "holds": all(r["ok"] for r in rows),
-        "failed": [r["technique"] for r in rows if not r["ok"]],
-    }
-
-
 def _ok(cells: list[dict], entry: str) -> dict[str, dict]:
     return {c["technique"]: c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"}
 
 
 def _change(cell: dict, ref: dict) -> dict:
-    """Speed-up, memory reduction and perplexity change of `cell` against `ref`."""
+    """Speed-up and memory reduction of `cell` against `ref` (quality: memopt.quality_summary)."""
     return {
         "speedup": cell["tokens_per_s"] / ref["tokens_per_s"],
         "memory_reduction_pct": 100 * (1 - cell["peak_allocated_mib"] / ref["peak_allocated_mib"]),
-        "ppl_change_pct": 100 * (cell["val_ppl"] / ref["val_ppl"] - 1),
     }
 
 
@@ -324,10 +290,11 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 # Workflow stages in the order they run; a Snakemake benchmark file belongs to one by its path:
-# results/benchmarks/search/<technique>.tsv, cell/<technique>/<entry>.tsv, or <rule>.tsv for the
+# results/benchmarks/search/<technique>.tsv (exactness run included), cell/<technique>/<entry>.tsv,
+# quality/<function>/<seed>.tsv, or <rule>.tsv for the
 # rules below. The paper stage is aggregating and drawing figures: rendering the paper comes after
 # its stage table is written (render.tsv, pdf.tsv), so it cannot count itself.
-STAGES = ("corpus", "tokenizer", "tokens", "searches", "cells", "paper")
+STAGES = ("corpus", "tokenizer", "tokens", "searches", "cells", "quality", "paper")
 RULE_STAGES = {
     "corpus": "corpus",
     "tokenizer": "tokenizer",
@@ -342,6 +309,7 @@ def stage_benchmarks(benchmark_dir: Path) -> list[Path]:
     root = Path(benchmark_dir)
     files = [root / f"{rule}.tsv" for rule in RULE_STAGES]
     files += sorted((root / "search").glob("*.tsv")) + sorted((root / "cell").glob("*/*.tsv"))
+    files += sorted((root / "quality").glob("*/*.tsv"))
     return [f for f in files if f.exists()]
 
 
@@ -353,13 +321,16 @@ def stage_times(benchmark_paths: list[Path]) -> dict:
         parts = path.parts
         if len(parts) >= 3 and parts[-3] == "cell":  # cell/<technique>/<entry>.tsv
             stage = "cells"
+        elif len(parts) >= 3 and parts[-3] == "quality":  # quality/<function>/<seed>.tsv
+            stage = "quality"
         elif len(parts) >= 2 and parts[-2] == "search":  # search/<technique>.tsv
             stage = "searches"
         else:
             stage = RULE_STAGES.get(path.stem)
         if stage is None:
             raise MemoptError(
-                f"{path}: not a benchmark of a stage (search/*.tsv, cell/*/*.tsv or one of "
+                f"{path}: not a benchmark of a stage (search/*.tsv, cell/*/*.tsv, quality/*/*.tsv "
+                "or one of "
                 f"{', '.join(f'{rule}.tsv' for rule in RULE_STAGES)})"
             )
         frame = pd.read_csv(path, sep="\t")

@@ -33,7 +33,7 @@ from memopt.train import budget_bytes, free_memory, limit_gpu_memory, make_optim
 def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
     t0 = time.perf_counter()
     train_cfg = cfg["train"]
-    peak = reserved = None
+    peak = reserved = last_step_ms = None
     fits = True
     try:
         applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
@@ -46,12 +46,17 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         )
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        steps = cfg["search"]["trial_steps"]
         with tracker:
-            for step in range(cfg["search"]["trial_steps"]):
+            for step in range(steps):
                 x, y = batches.next()
+                if device == "cuda" and step == steps - 1:
+                    torch.cuda.synchronize()  # the last step alone: a rough speed at this batch
+                    t_last = time.perf_counter()
                 train_step(applied, opt, x, y, step, train_cfg)
         if device == "cuda":
             torch.cuda.synchronize()
+            last_step_ms = (time.perf_counter() - t_last) * 1e3
             peak = torch.cuda.max_memory_allocated() / MIB
             reserved = torch.cuda.max_memory_reserved() / MIB
         else:
@@ -68,6 +73,8 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         "fits": fits,
         "peak_mib": peak,
         "peak_reserved_mib": reserved,
+        # CUDA only (a CPU trial runs under the slow memory tracker): one synchronized step.
+        "last_step_ms": last_step_ms,
         "seconds": round(time.perf_counter() - t0, 3),
     }
 

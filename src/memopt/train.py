@@ -1,40 +1,44 @@
-"""One cell: train a technique at one batch size, time it, measure memory, evaluate quality.
+"""Timing cells: train a technique at one batch size, time it, measure its memory.
 
-Protocol: `measure.warmup_steps` steps first (compilation, allocator and optimizer-state warm-up;
-excluded from timing), then the timed steps, each timed on its own. Peak memory covers whole
-steps, optimizer step included: on CUDA the allocator's peak over the timed steps (reset after
-warm-up); on a CPU the tracked tensor memory over the warm-up steps (tracking is too slow to time).
-Quality: the same validation sequences for every cell, evaluated in FP32 with the explicit kernel
-(the technique's window kept), so precision and kernel do not change how quality is measured.
+Protocol: `measure.warmup_steps` steps first (compilation, autotuning, allocator and
+optimizer-state warm-up; excluded), the last of them measured phase by phase (memory after each
+phase and a breakdown). Then timed steps, each on its own, until the 95% confidence half-width of
+the mean step time is within `measure.target_rel_ci` of the mean (between `min_timed_steps` and
+`max_timed_steps`). Peak memory covers whole steps, optimizer step included: on CUDA the
+allocator's peak over the timed steps (reset after warm-up) and its retry/OOM counters over them;
+on a CPU the tracked tensor memory over the warm-up steps (tracking is too slow to time).
+Quality is not measured here: see memopt.quality (one run per function, several seeds).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import os
 import time
 
 import torch
 
-from memopt.attention import kernel_detail, math_attention, resolve_kernel
+from memopt.attention import kernel_detail, resolve_kernel
 from memopt.config import config_hash, technique_spec
-from memopt.data import Batches, TokenData, eval_sequences
+from memopt.data import Batches, TokenData
+from memopt.functions import function_of
 from memopt.measure import (
     MIB,
     MemoryProbe,
     StepTimer,
     TensorMemoryTracker,
+    allocator_counters,
+    counter_delta,
     device_name,
+    enough_timed_steps,
     flops_per_token,
     is_oom,
     peak_bf16_flops,
     provenance,
     summarize,
 )
-from memopt.model import SelfAttention
-from memopt.techniques import Applied, apply_technique, eval_model, set_precision_flags
+from memopt.techniques import Applied, apply_technique, eval_model
 
 
 def budget_bytes(cfg: dict, device: str) -> float | None:
@@ -122,53 +126,27 @@ def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: Memo
     return loss, phases, breakdown
 
 
-@contextlib.contextmanager
-def _explicit_fp32(model: torch.nn.Module):
-    """Evaluate every technique the same way: FP32, TF32 off, the explicit kernel."""
-    attn = [m for m in model.modules() if isinstance(m, SelfAttention)]
-    saved = [m.attend for m in attn]
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    set_precision_flags("fp32")
-    try:
-        for m in attn:
-            m.attend = math_attention
-        yield
-    finally:
-        for m, f in zip(attn, saved):
-            m.attend = f
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, sequences: torch.Tensor, batch_size: int, device: str
-) -> float:
-    model.eval()
-    total, count = 0.0, 0
-    with _explicit_fp32(model):
-        for chunk in sequences.split(batch_size):
-            chunk = chunk.to(device)
-            loss = model(chunk[:, :-1], chunk[:, 1:])
-            total += loss.item() * chunk.size(0)
-            count += chunk.size(0)
-    model.train()
-    return total / count
-
-
 def free_memory(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
 
 
-def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=None) -> dict:
-    train_cfg, seq_len = cfg["train"], cfg["model"]["seq_len"]
-    steps, warmup = train_cfg["steps"], cfg["measure"]["warmup_steps"]
-    applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
+def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str, seed: int):
+    """The technique applied to a freshly initialized model, its optimizer and its batches, all
+    from `seed`: the same weights, batches and dropout masks for every technique."""
+    applied = apply_technique(spec, cfg["model"], data.vocab_size, seed, device)
     applied.model.train()
-    torch.manual_seed(train_cfg["seed"])  # the same dropout masks in every cell of this batch size
-    opt = make_optimizer(applied.model, train_cfg, device)
-    batches = Batches(data.train, seq_len, batch_size, train_cfg["seed"], device)
+    torch.manual_seed(seed)  # dropout masks
+    opt = make_optimizer(applied.model, cfg["train"], device)
+    batches = Batches(data.train, cfg["model"]["seq_len"], batch_size, seed, device)
+    return applied, opt, batches
+
+
+def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=None) -> dict:
+    train_cfg, measure_cfg = cfg["train"], cfg["measure"]
+    warmup = measure_cfg["warmup_steps"]
+    applied, opt, batches = prepare(cfg, spec, data, batch_size, device, train_cfg["seed"])
     losses, timer = [], StepTimer(device)
     tracker = (
         TensorMemoryTracker(budget_bytes(cfg, device), existing=list(applied.model.parameters()))
@@ -191,19 +169,29 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    warmup_s = time.perf_counter() - wall0
+    counters_before = allocator_counters(device)
     # A full garbage collection over compile's large heaps can stall the host long enough to
     # starve the GPU; collect once and freeze what exists, so timed steps see no such pause.
     gc.collect()
     gc.freeze()
     try:
-        for step in range(warmup, steps):
+        step, times = warmup, []
+        while not enough_timed_steps(times, measure_cfg):
             x, y = batches.next()
             timer.start()
             losses.append(train_step(applied, opt, x, y, step, train_cfg))
             timer.stop()
+            step += 1
+            # The rule is checked once enough steps exist; reading their times waits for the
+            # last one to finish (the next step's start event is recorded after that).
+            n = step - warmup
+            if n >= measure_cfg["min_timed_steps"]:
+                times = timer.first_ms(n)
         times = timer.times_ms()  # synchronizes on CUDA
     finally:
         gc.unfreeze()
+    allocator = counter_delta(counters_before, allocator_counters(device))
     wall_s = time.perf_counter() - wall0
     if device == "cuda":
         peak_alloc = torch.cuda.max_memory_allocated() / MIB
@@ -211,11 +199,9 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     else:
         peak_alloc, peak_reserved = cpu_peak / MIB, None
     del opt
-    seqs = eval_sequences(data.val, seq_len, train_cfg["eval_sequences"])
-    val_loss = evaluate(eval_model(applied), seqs, train_cfg["eval_batch_size"], device)
     loss_curve = torch.stack(losses).float().tolist()
     stats = summarize(times)
-    tokens_per_step = batch_size * seq_len
+    tokens_per_step = batch_size * cfg["model"]["seq_len"]
     tokens_per_s = tokens_per_step / (stats["mean"] / 1e3)
     flops = flops_per_token(cfg["model"], data.vocab_size, spec["window"]) * tokens_per_s
     peak_flops = peak_bf16_flops(device_name(device)) if device == "cuda" else None
@@ -224,11 +210,14 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
         "kernel": applied.kernel,
         "kernel_detail": kernel_detail(applied.kernel),
         "precision_flags": applied.record,
-        "steps": steps,
+        "steps": step,
         "warmup_steps": warmup,
         "timed_steps": len(times),
         "step_time_ms": stats,
         "step_times_ms": times,
+        "timed_s": sum(times) / 1e3,
+        "warmup_s": warmup_s,
+        "allocator_events": allocator,
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_s,
         "model_tflops": flops / 1e12,
@@ -239,9 +228,6 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
         "peak_reserved_mib": peak_reserved,
         "phase_memory": phases,
         "memory_breakdown": breakdown,
-        "val_loss": val_loss,
-        "val_ppl": math.exp(min(val_loss, 50.0)),
-        "final_train_loss": loss_curve[-1],
         "loss_curve": loss_curve,
         "error": None,
     }
@@ -263,9 +249,9 @@ def _memory_history(path):
 
 # What an out-of-memory cell reports as null (it never got to measure them).
 MEASURED = (
-    "kernel_detail steps warmup_steps timed_steps step_time_ms step_times_ms tokens_per_step "
-    "tokens_per_s model_tflops mfu peak_bf16_tflops wall_s peak_allocated_mib peak_reserved_mib "
-    "phase_memory memory_breakdown val_loss val_ppl final_train_loss"
+    "kernel_detail steps warmup_steps timed_steps step_time_ms step_times_ms timed_s warmup_s "
+    "allocator_events tokens_per_step tokens_per_s model_tflops mfu peak_bf16_tflops wall_s "
+    "peak_allocated_mib peak_reserved_mib phase_memory memory_breakdown"
 ).split()
 
 
@@ -287,6 +273,7 @@ def run_cell(
         "batch_entry": str(batch_entry),
         "batch_size": batch_size,
         "spec": spec,
+        "function": function_of(spec),
         "device": device,
         "device_name": device_name(device),
         "seq_len": cfg["model"]["seq_len"],

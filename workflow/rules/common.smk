@@ -6,6 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `pip install -e .`
 from memopt.config import validate_config
 from memopt.errors import ConfigError
+from memopt.functions import functions, quality_spec
 from memopt.paper import tex_engine
 from memopt.results import FIGURE_NAMES, RULE_STAGES
 from memopt.scripting import code_files
@@ -25,6 +26,12 @@ ROOT = Path(os.path.relpath(workflow.basedir))  # relative: recorded inputs surv
 TECHNIQUES = list(STUDY["techniques"])
 BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
+SEARCHES = expand("results/search/{technique}.json", technique=TECHNIQUES)
+EXACTNESS = expand("results/exactness/{technique}.json", technique=TECHNIQUES)
+# Quality runs: one per distinct function (memopt.functions) and seed.
+FUNCTIONS = functions(STUDY["techniques"])
+SEEDS = [STUDY["train"]["seed"] + i for i in range(STUDY["quality"]["seeds"])]
+QUALITY = expand("results/quality/{function}/{seed}.json", function=list(FUNCTIONS), seed=SEEDS)
 FIGURES = expand("paper/figures/{name}.{ext}", name=FIGURE_NAMES, ext=["pdf", "png"])
 PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
 # Wall-clock per job of each stage (Snakemake `benchmark:`), summed per stage in the paper
@@ -33,6 +40,7 @@ STAGE_BENCHMARKS = (
     expand("results/benchmarks/{rule}.tsv", rule=list(RULE_STAGES))
     + expand("results/benchmarks/search/{technique}.tsv", technique=TECHNIQUES)
     + expand("results/benchmarks/cell/{technique}/{batch}.tsv", technique=TECHNIQUES, batch=BATCHES)
+    + expand("results/benchmarks/quality/{function}/{seed}.tsv", function=list(FUNCTIONS), seed=SEEDS)
 )
 TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
@@ -40,9 +48,16 @@ CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (rel
 
 # What a training rule's result depends on besides its inputs: changing any of it reruns it.
 TRAIN_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "baseline")}
-TRAIN_CODE = code_files("attention", "model", "techniques", "data", "measure", "train", "search", "pipeline")
+SEARCH_PARAMS = TRAIN_PARAMS | {"exactness": STUDY["exactness"]}
+QUALITY_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "quality")}
+TRAIN_CODE = code_files(
+    "attention", "model", "techniques", "data", "measure", "train", "search", "pipeline", "functions"
+)
+QUALITY_CODE = TRAIN_CODE + code_files("quality")
 
 
 wildcard_constraints:
     technique="|".join(TECHNIQUES),
     batch="|".join(BATCHES),
+    function="|".join(FUNCTIONS),
+    seed=r"\d+",

@@ -1,9 +1,11 @@
 rule aggregate:
     output:
-        report("results/summary.csv", caption="../report/summary.rst", category="Results"),
+        summary=report("results/summary.csv", caption="../report/summary.rst", category="Results"),
+        quality="results/quality.csv",
     input:
         cells=CELLS,
-        code=code_files("results"),
+        quality=QUALITY,
+        code=code_files("results", "verdicts"),
     log:
         "logs/aggregate.log",
     benchmark:
@@ -24,9 +26,10 @@ rule figures:
             for f in FIGURES
         ],
     input:
-        summary=rules.aggregate.output,
+        summary=rules.aggregate.output.summary,
         cells=CELLS,
-        searches=expand("results/search/{technique}.json", technique=TECHNIQUES),
+        searches=SEARCHES,
+        quality=QUALITY,
         code=code_files("figures"),
     params:
         baseline=STUDY["baseline"],
@@ -45,15 +48,17 @@ rule render:
         md="paper/paper.md",
         tex="paper/paper.tex",
     input:
-        summary=rules.aggregate.output,
-        searches=expand("results/search/{technique}.json", technique=TECHNIQUES),
+        summary=rules.aggregate.output.summary,
+        quality=rules.aggregate.output.quality,
+        exactness=EXACTNESS,
+        searches=SEARCHES,
         corpus=rules.corpus.output.stats,
         tokens="data/tokens/meta.json",
         figures=FIGURES,
         templates=list((ROOT / "paper" / "templates").glob("*.j2")),
         reference=ROOT / "paper" / "reference.yaml",
         benchmarks=STAGE_BENCHMARKS,
-        code=code_files("paper"),
+        code=code_files("paper", "verdicts"),
     params:
         study=STUDY,
         templates=ROOT / "paper" / "templates",

@@ -1,14 +1,17 @@
 # Training rules hold the GPU: run with --resources gpu=1 so they never share it.
 
 
+# The search job first runs the technique's exactness run (results/exactness/): one process, one
+# Python/torch/CUDA start for both.
 rule search:
     output:
-        "results/search/{technique}.json",
+        search="results/search/{technique}.json",
+        exactness="results/exactness/{technique}.json",
     input:
         TOKENS,
-        code=TRAIN_CODE,
+        code=QUALITY_CODE,
     params:
-        study=TRAIN_PARAMS,
+        study=SEARCH_PARAMS,
         spec=lambda w: STUDY["techniques"][w.technique],
     resources:
         gpu=1,
@@ -28,7 +31,7 @@ rule cell:
         "results/cells/{technique}/{batch}.json",
     input:
         TOKENS,
-        own=rules.search.output,
+        own=rules.search.output.search,
         baseline=f"results/search/{STUDY['baseline']}.json",
         code=TRAIN_CODE,
     params:
@@ -45,6 +48,30 @@ rule cell:
         CONDA_ENV
     script:
         "../scripts/cell.py"
+
+
+# One quality run per function and seed: the function's fastest exact kernel, quality.tokens at
+# quality.batch (memopt.quality).
+rule quality:
+    output:
+        "results/quality/{function}/{seed}.json",
+    input:
+        TOKENS,
+        code=QUALITY_CODE,
+    params:
+        study=QUALITY_PARAMS,
+        techniques=lambda w: {t: STUDY["techniques"][t] for t in FUNCTIONS[w.function]},
+    resources:
+        gpu=1,
+    threads: 4
+    log:
+        "logs/quality/{function}/{seed}.log",
+    benchmark:
+        "results/benchmarks/quality/{function}/{seed}.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/quality.py"
 
 
 # The baseline's `max` batch is its `same` batch by definition: one training run serves both.
@@ -67,7 +94,8 @@ if {"same", "max"} <= set(BATCHES):
     ruleorder: baseline_max > cell
 
 
-# One target per technique: `snakemake --cores all --resources gpu=1 technique_flash`.
+# One target per technique: `snakemake --cores all --resources gpu=1 technique_flash` (its cells,
+# its exactness run and the quality runs of its function).
 for _name in TECHNIQUES:
 
     rule:
@@ -75,3 +103,5 @@ for _name in TECHNIQUES:
             f"technique_{_name}"
         input:
             expand("results/cells/{technique}/{batch}.json", technique=_name, batch=BATCHES),
+            f"results/exactness/{_name}.json",
+            [q for q in QUALITY if q.split("/")[2] in {f for f, m in FUNCTIONS.items() if _name in m}],

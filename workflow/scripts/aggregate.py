@@ -6,7 +6,9 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F
 
 from memopt.results import aggregate  # noqa: E402
 from memopt.scripting import logged  # noqa: E402
+from memopt.verdicts import aggregate_quality  # noqa: E402
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):
-    aggregate([Path(p) for p in sm.input.cells], Path(sm.output[0]))
+    aggregate([Path(p) for p in sm.input.cells], Path(sm.output.summary))
+    aggregate_quality([Path(p) for p in sm.input.quality], Path(sm.output.quality))

@@ -15,7 +15,7 @@ with logged(sm.log[0]):
         sm.wildcards.technique,
         sm.wildcards.batch,
         Path(sm.input[0]).parent,
-        Path(sm.input.own[0]).parent,
+        Path(sm.input.own).parent,
         Path(sm.output[0]),
         threads=sm.threads,
     )

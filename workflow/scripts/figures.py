@@ -10,9 +10,10 @@ from memopt.scripting import logged  # noqa: E402
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):
     make_figures(
-        Path(sm.input.summary[0]),
+        Path(sm.input.summary),
         [Path(p) for p in sm.input.cells],
         Path(sm.output[0]).parent,
         search_paths=[Path(p) for p in sm.input.searches],
+        quality_paths=[Path(p) for p in sm.input.quality],
         baseline=sm.params.baseline,
     )

@@ -10,7 +10,7 @@ from memopt.scripting import logged  # noqa: E402
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):
     render_paper(
-        Path(sm.input.summary[0]),
+        Path(sm.input.summary),
         [Path(p) for p in sm.input.searches],
         Path(sm.input.corpus),
         Path(sm.input.tokens),
@@ -21,4 +21,6 @@ with logged(sm.log[0]):
         Path(sm.output.tex),
         benchmark_paths=[Path(p) for p in sm.input.benchmarks],
         reference_path=Path(sm.input.reference),
+        quality_csv=Path(sm.input.quality),
+        exactness_paths=[Path(p) for p in sm.input.exactness],
     )

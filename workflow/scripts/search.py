@@ -14,6 +14,7 @@ with logged(sm.log[0]):
         study,
         sm.wildcards.technique,
         Path(sm.input[0]).parent,
-        Path(sm.output[0]),
+        Path(sm.output.search),
         threads=sm.threads,
+        exactness_out=Path(sm.output.exactness),
     )

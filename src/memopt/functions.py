@@ -1,0 +1,61 @@
+"""Which function a technique computes, for the quality runs and the exactness check.
+
+Two techniques compute the same function when they do the same arithmetic on the same inputs:
+the same precision and the same attention pattern (window). The attention kernel, activation
+checkpointing and compilation change how the function is computed (speed, memory), not what it
+is, so they share one quality run; the exactness check verifies that they do. Torch-free: the
+Snakefile imports it to build the DAG.
+"""
+
+from __future__ import annotations
+
+# Knobs that define the function; every other knob only changes how it is computed.
+FUNCTION_KNOBS = ("precision", "window")
+
+
+def function_of(spec: dict) -> str:
+    """A short name: the precision, plus the window if any (`bf16`, `bf16_w128`, `fp32`)."""
+    name = spec["precision"]
+    return name if spec.get("window") is None else f"{name}_w{spec['window']}"
+
+
+def functions(techniques: dict[str, dict]) -> dict[str, list[str]]:
+    """Function name -> the techniques (config order) that compute it, in first-seen order."""
+    out: dict[str, list[str]] = {}
+    for name, spec in techniques.items():
+        out.setdefault(function_of(spec), []).append(name)
+    return out
+
+
+def quality_spec(techniques: dict[str, dict], function: str) -> dict:
+    """How a function's quality runs train: its precision and window, with the fastest exact
+    kernel for them (`auto`, resolved and recorded at run time), no checkpointing, no compile."""
+    members = functions(techniques).get(function)
+    if not members:
+        raise KeyError(function)
+    spec = techniques[members[0]]
+    return {
+        "precision": spec["precision"],
+        "attention": "auto",
+        "window": spec.get("window"),
+        "checkpointing": "none",
+        "checkpoint_every": 2,
+        "compile": False,
+    }
+
+
+def reference_technique(techniques: dict[str, dict], technique: str) -> str:
+    """The technique the exactness check compares `technique` against: the plainest one of its
+    function in the study (explicit attention, no checkpointing, no compile; then config order).
+    A technique that is its own reference passes trivially."""
+    members = functions(techniques)[function_of(techniques[technique])]
+
+    def plainness(name):
+        s = techniques[name]
+        return (
+            s.get("attention", "math") != "math",
+            s.get("checkpointing", "none") != "none",
+            bool(s.get("compile", False)),
+        )
+
+    return min(members, key=lambda n: (plainness(n), members.index(n)))

@@ -1,0 +1,237 @@
+"""Protocol v2: the adaptive stopping rule, function grouping, the exactness check and the
+allocator counters (issue 11)."""
+
+import random
+import statistics
+
+import pytest
+import torch
+
+from memopt.functions import function_of, functions, quality_spec, reference_technique
+from memopt.measure import ci95_half_width, counter_delta, enough_timed_steps, summarize
+from memopt.verdicts import exactness
+
+MEASURE = {"target_rel_ci": 0.01, "min_timed_steps": 10, "max_timed_steps": 100}
+
+
+@pytest.fixture
+def tiny_study(tmp_path):
+    import json
+
+    import numpy as np
+
+    from memopt.config import validate_config
+    from memopt.data import TokenData
+
+    rng = np.random.default_rng(0)
+    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(tmp_path / "train.bin")
+    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(tmp_path / "val.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    cfg = validate_config(
+        {
+            "device": "cpu",
+            "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
+            "train": {"warmup_steps": 2, "eval_sequences": 4, "eval_batch_size": 2},
+            "measure": {"warmup_steps": 2},
+            "search": {"cpu_memory_budget_gib": 8 / 1024, "max_batch": 512},
+            "techniques": {"baseline": {}},
+        }
+    )
+    return cfg, TokenData(tmp_path)
+
+
+def steps_needed(series, cfg=MEASURE) -> int:
+    """Feed a step-time series to the rule one step at a time, as a cell does."""
+    for n in range(1, len(series) + 1):
+        if enough_timed_steps(series[:n], cfg):
+            return n
+    return len(series)
+
+
+def test_flat_series_stops_at_the_minimum():
+    assert steps_needed([100.0] * 200) == 10
+    assert steps_needed([100.0 + 0.01 * (i % 3) for i in range(200)]) == 10
+
+
+def test_noisy_series_gets_more_steps_and_meets_the_target():
+    rng = random.Random(0)
+    noisy = [100.0 + rng.gauss(0, 3) for _ in range(200)]  # 3% sd: ~35 steps for a 1% interval
+    n = steps_needed(noisy)
+    assert 20 < n < 100
+    assert ci95_half_width(noisy[:n]) <= 0.01 * sum(noisy[:n]) / n
+    assert ci95_half_width(noisy[: n - 1]) > 0.01 * sum(noisy[: n - 1]) / (n - 1)
+
+
+def test_very_noisy_series_stops_at_the_maximum():
+    rng = random.Random(1)
+    assert steps_needed([100.0 + rng.gauss(0, 50) for _ in range(300)]) == 100
+
+
+def test_summary_records_the_interval():
+    values = [10.0, 12.0, 11.0, 13.0, 12.5, 11.5, 10.5, 12.0, 11.0, 11.5]
+    s = summarize(values)
+    sd = statistics.stdev(values)
+    assert s["ci95_half"] == pytest.approx(2.262157 * sd / 10**0.5, rel=1e-3)  # t(9) = 2.262
+    assert s["rel_ci95"] == pytest.approx(s["ci95_half"] / statistics.fmean(values))
+
+
+TECHNIQUES = {
+    "baseline": {
+        "precision": "fp32",
+        "attention": "math",
+        "window": None,
+        "checkpointing": "none",
+        "compile": False,
+    },
+    "bf16": {
+        "precision": "bf16",
+        "attention": "math",
+        "window": None,
+        "checkpointing": "none",
+        "compile": False,
+    },
+    "flash": {
+        "precision": "bf16",
+        "attention": "flash",
+        "window": None,
+        "checkpointing": "none",
+        "compile": False,
+    },
+    "flash_gradcp": {
+        "precision": "bf16",
+        "attention": "flash",
+        "window": None,
+        "checkpointing": "full",
+        "compile": False,
+    },
+    "local128": {
+        "precision": "bf16",
+        "attention": "flex",
+        "window": 128,
+        "checkpointing": "none",
+        "compile": False,
+    },
+    "gradcp": {
+        "precision": "fp32",
+        "attention": "math",
+        "window": None,
+        "checkpointing": "full",
+        "compile": False,
+    },
+}
+
+
+def test_function_grouping():
+    groups = functions(TECHNIQUES)
+    assert groups == {
+        "fp32": ["baseline", "gradcp"],
+        "bf16": ["bf16", "flash", "flash_gradcp"],
+        "bf16_w128": ["local128"],
+    }
+    assert function_of(TECHNIQUES["flash"]) == function_of(TECHNIQUES["flash_gradcp"])
+    assert function_of(TECHNIQUES["local128"]) != function_of(TECHNIQUES["bf16"])
+    assert reference_technique(TECHNIQUES, "flash_gradcp") == "bf16"  # the explicit kernel
+    assert reference_technique(TECHNIQUES, "gradcp") == "baseline"
+    assert reference_technique(TECHNIQUES, "local128") == "local128"
+    q = quality_spec(TECHNIQUES, "bf16_w128")
+    assert (q["attention"], q["window"], q["checkpointing"], q["compile"]) == (
+        "auto",
+        128,
+        "none",
+        False,
+    )
+
+
+def _record(name, losses):
+    return {"technique": name, "batch_size": 4, "steps": len(losses), "losses": losses}
+
+
+def test_exactness_fails_an_inexact_technique():
+    ref = [7.0 - 0.1 * i for i in range(10)]
+    records = [
+        _record("bf16", ref),
+        _record("flash", [v + 0.01 for v in ref]),  # within bf16's 0.05
+        _record("flash_gradcp", [v + (0.2 if i > 5 else 0.0) for i, v in enumerate(ref)]),
+        _record("baseline", ref),
+        _record("gradcp", [v + 0.02 for v in ref]),  # over fp32's 0.01
+    ]
+    tol = {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}
+    check = exactness(records, TECHNIQUES, tol)
+    rows = {r["technique"]: r for r in check["rows"]}
+    assert rows["bf16"]["ok"] is None and rows["baseline"]["ok"] is None  # references
+    assert rows["flash"]["ok"] and rows["flash"]["max_abs_diff"] == pytest.approx(0.01)
+    assert not rows["flash_gradcp"]["ok"] and rows["flash_gradcp"]["max_abs_diff"] == pytest.approx(
+        0.2
+    )
+    assert not rows["gradcp"]["ok"]
+    assert not check["holds"] and check["failed"] == ["flash_gradcp", "gradcp"]
+    records[-1] = _record("gradcp", [float("nan")] * 10)
+    assert not {r["technique"]: r for r in exactness(records, TECHNIQUES, tol)["rows"]}["gradcp"][
+        "ok"
+    ]
+
+
+def test_exactness_on_a_real_inexact_kernel(tiny_study, monkeypatch):
+    """Two real CPU runs: the explicit kernel against itself agrees exactly; a kernel that drops
+    the 1/sqrt(d) scale (same shapes, other arithmetic) fails the check."""
+    from memopt import attention
+    from memopt.quality import run_exactness
+
+    cfg, data = tiny_study
+    techniques = {
+        "plain": {**TECHNIQUES["baseline"], "checkpoint_every": 2},
+        "ckpt": {**TECHNIQUES["gradcp"], "checkpoint_every": 2},
+    }
+    cfg = {
+        **cfg,
+        "techniques": techniques,
+        "exactness": {
+            "steps": 6,
+            "batch": 2,
+            "tolerance": {"fp32": 1e-4, "tf32": 0.02, "bf16": 0.05},
+        },
+    }
+    plain = run_exactness(cfg, "plain", data, "cpu")
+    good = run_exactness(cfg, "ckpt", data, "cpu")
+    assert exactness([plain, good], techniques, cfg["exactness"]["tolerance"])["holds"]
+
+    def unscaled(q, k, v, window=None):
+        scores = q @ k.transpose(-2, -1)
+        keep = attention.band_mask(q.size(-2), window, str(q.device))
+        return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    monkeypatch.setitem(attention.IMPLEMENTATIONS, "math", unscaled)
+    bad = run_exactness(cfg, "ckpt", data, "cpu")
+    check = exactness([plain, bad], techniques, cfg["exactness"]["tolerance"])
+    assert check["failed"] == ["ckpt"]
+
+
+def test_allocator_counters_are_differenced():
+    before = {"alloc_retries": 1, "ooms": 0, "device_allocs": 10, "device_frees": None}
+    after = {"alloc_retries": 4, "ooms": 0, "device_allocs": 12, "device_frees": None}
+    assert counter_delta(before, after) == {
+        "alloc_retries": 3,
+        "ooms": 0,
+        "device_allocs": 2,
+        "device_frees": None,
+    }
+    assert counter_delta(None, None) is None
+
+
+def test_cell_records_adaptive_timing_and_allocator_events(tiny_study):
+    from memopt.train import run_cell
+
+    cfg, data = tiny_study
+    cfg = {**cfg, "techniques": {"plain": {**TECHNIQUES["baseline"], "checkpoint_every": 2}}}
+    cfg["measure"] = {
+        **cfg["measure"],
+        "min_timed_steps": 3,
+        "max_timed_steps": 7,
+        "target_rel_ci": 1e-9,
+    }
+    cell = run_cell(cfg, "plain", "4", 4, data, "cpu")
+    assert cell["status"] == "ok" and cell["function"] == "fp32"
+    assert cell["timed_steps"] == 7  # an unreachable target: stops at the maximum
+    assert cell["steps"] == cfg["measure"]["warmup_steps"] + 7
+    assert cell["step_time_ms"]["rel_ci95"] > 0 and cell["timed_s"] > 0
+    assert "allocator_events" in cell and cell["allocator_events"] is None  # a CPU has none
