@@ -52,7 +52,7 @@ def search_file(
     """The technique's maximum batch -> out; with exactness_out, first its exactness run (same
     process: a second job would pay another Python, torch and CUDA start)."""
     device = _setup(cfg, threads)
-    data = TokenData(tokens_dir)
+    data = TokenData(Path(tokens_dir))
     if exactness_out is not None:
         exact = run_exactness(cfg, technique, data, device)
         print(
@@ -60,9 +60,9 @@ def search_file(
             f"loss {exact['losses'][0]:.4f} -> {exact['losses'][-1]:.4f}"
         )
     result = search_max_batch(cfg, technique, data, device)
-    write_json(out, result)
+    write_json(Path(out), result)
     if exactness_out is not None:
-        write_json(exactness_out, exact)
+        write_json(Path(exactness_out), exact)
     return result
 
 
@@ -70,8 +70,13 @@ def quality_file(
     cfg: dict, function: str, seed: int, tokens_dir: Path, out: Path, threads: int | None = None
 ) -> dict:
     device = _setup(cfg, threads)
-    result = run_quality(cfg, function, int(seed), TokenData(tokens_dir), device)
-    write_json(out, result)
+    result = run_quality(cfg, function, int(seed), TokenData(Path(tokens_dir)), device)
+    done = f"val loss {result['val_loss']:.4f}" if result["status"] == "ok" else result["error"]
+    print(
+        f"[quality {function} seed {seed}] {result['steps']} steps at batch "
+        f"{result['batch_size']} (kernel {result.get('kernel', '-')}): {done}"
+    )
+    write_json(Path(out), result)
     return result
 
 
@@ -92,6 +97,6 @@ def cell_file(
     snapshot = (
         Path(out).with_suffix(".memory.pickle") if cfg["measure"]["memory_snapshot"] else None
     )
-    result = run_cell(cfg, technique, entry, batch, TokenData(tokens_dir), device, snapshot)
-    write_json(out, result)
+    result = run_cell(cfg, technique, entry, batch, TokenData(Path(tokens_dir)), device, snapshot)
+    write_json(Path(out), result)
     return result

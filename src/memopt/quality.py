@@ -15,6 +15,7 @@ import math
 import time
 
 import torch
+from tqdm import tqdm
 
 from memopt.attention import math_attention
 from memopt.config import config_hash, technique_spec
@@ -72,13 +73,14 @@ def quality_budget(cfg: dict, data: TokenData) -> dict:
     }
 
 
-def _losses(applied, opt, batches, steps: int, cfg: dict, device: str):
-    """Train `steps` steps; per-step training losses and the seconds they took (synchronized)."""
+def _losses(applied, opt, batches, steps: int, cfg: dict, device: str, label: str):
+    """Train `steps` steps; per-step training losses and the seconds they took (synchronized).
+    The progress bar counts launched steps (the GPU may be a few behind)."""
     if device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     losses = []
-    for step in range(steps):
+    for step in tqdm(range(steps), desc=label, unit=" step", mininterval=2.0):
         x, y = batches.next()
         losses.append(train_step(applied, opt, x, y, step, cfg["train"]))
     curve = torch.stack(losses).float().tolist()  # synchronizes
@@ -111,7 +113,8 @@ def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: st
     wall0 = time.perf_counter()
     try:
         applied, opt, batches = prepare(cfg, spec, data, budget["batch_size"], device, seed)
-        curve, train_s = _losses(applied, opt, batches, budget["steps"], cfg, device)
+        label = f"[quality {function} seed {seed}]"
+        curve, train_s = _losses(applied, opt, batches, budget["steps"], cfg, device, label)
         del opt
         t0 = time.perf_counter()
         seqs = eval_sequences(data.val, cfg["model"]["seq_len"], cfg["train"]["eval_sequences"])
@@ -152,7 +155,9 @@ def run_exactness(cfg: dict, technique: str, data: TokenData, device: str) -> di
     e = cfg["exactness"]
     limit_gpu_memory(cfg, device)
     applied, opt, batches = prepare(cfg, spec, data, e["batch"], device, cfg["train"]["seed"])
-    curve, seconds = _losses(applied, opt, batches, e["steps"], cfg, device)
+    curve, seconds = _losses(
+        applied, opt, batches, e["steps"], cfg, device, f"[exactness {technique}]"
+    )
     del applied, opt
     free_memory(device)
     result = {

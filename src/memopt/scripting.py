@@ -46,3 +46,11 @@ def code_files(*modules: str) -> list[Path]:
     Relative to the working directory, so the set of inputs Snakemake records does not change when
     the checkout moves (e.g. results carried to another machine)."""
     return [Path(os.path.relpath(Path(__file__).parent / f"{m}.py")) for m in modules]
+
+
+def worker_settings(config: dict) -> dict:
+    """The study's `worker` section with defaults. Read from the workflow's config, not passed as a
+    rule parameter: how jobs are run must not rerun them."""
+    from memopt.config import validate_config
+
+    return validate_config(config)["worker"]

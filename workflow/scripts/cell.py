@@ -1,21 +1,21 @@
-# Adapter: rule cell -> memopt.pipeline.cell_file
+# Adapter: rule cell -> memopt.pipeline.cell_file (in the warm worker, memopt.worker)
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
 
-from memopt.pipeline import cell_file  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.scripting import worker_settings  # noqa: E402
+from memopt.worker import run_job  # noqa: E402
 
 sm = snakemake  # noqa: F821
 study = dict(sm.params.study, techniques={sm.wildcards.technique: sm.params.spec})
-with logged(sm.log[0]):
-    cell_file(
-        study,
-        sm.wildcards.technique,
-        sm.wildcards.batch,
-        Path(sm.input[0]).parent,
-        Path(sm.input.own).parent,
-        Path(sm.output[0]),
-        threads=sm.threads,
-    )
+args = dict(
+    cfg=study,
+    technique=sm.wildcards.technique,
+    entry=sm.wildcards.batch,
+    tokens_dir=str(Path(sm.input[0]).parent),
+    search_dir=str(Path(sm.input.own).parent),
+    out=sm.output[0],
+    threads=sm.threads,
+)
+run_job(worker_settings(sm.config), "cell_file", args, sm.log[0])

@@ -1,20 +1,20 @@
-# Adapter: rule quality -> memopt.pipeline.quality_file
+# Adapter: rule quality -> memopt.pipeline.quality_file (in the warm worker, memopt.worker)
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
 
-from memopt.pipeline import quality_file  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.scripting import worker_settings  # noqa: E402
+from memopt.worker import run_job  # noqa: E402
 
 sm = snakemake  # noqa: F821
 study = dict(sm.params.study, techniques=dict(sm.params.techniques))
-with logged(sm.log[0]):
-    quality_file(
-        study,
-        sm.wildcards.function,
-        int(sm.wildcards.seed),
-        Path(sm.input[0]).parent,
-        Path(sm.output[0]),
-        threads=sm.threads,
-    )
+args = dict(
+    cfg=study,
+    function=sm.wildcards.function,
+    seed=int(sm.wildcards.seed),
+    tokens_dir=str(Path(sm.input[0]).parent),
+    out=sm.output[0],
+    threads=sm.threads,
+)
+run_job(worker_settings(sm.config), "quality_file", args, sm.log[0])

@@ -1,20 +1,20 @@
-# Adapter: rule search -> memopt.pipeline.search_file
+# Adapter: rule search -> memopt.pipeline.search_file (in the warm worker, memopt.worker)
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
 
-from memopt.pipeline import search_file  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.scripting import worker_settings  # noqa: E402
+from memopt.worker import run_job  # noqa: E402
 
 sm = snakemake  # noqa: F821
 study = dict(sm.params.study, techniques={sm.wildcards.technique: sm.params.spec})
-with logged(sm.log[0]):
-    search_file(
-        study,
-        sm.wildcards.technique,
-        Path(sm.input[0]).parent,
-        Path(sm.output.search),
-        threads=sm.threads,
-        exactness_out=Path(sm.output.exactness),
-    )
+args = dict(
+    cfg=study,
+    technique=sm.wildcards.technique,
+    tokens_dir=str(Path(sm.input[0]).parent),
+    out=sm.output.search,
+    threads=sm.threads,
+    exactness_out=sm.output.exactness,
+)
+run_job(worker_settings(sm.config), "search_file", args, sm.log[0])

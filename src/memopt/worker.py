@@ -1,0 +1,287 @@
+"""A warm worker: one long-lived process per GPU runs the workflow's training jobs (searches, cells,
+quality runs) one after another, so a job does not pay its own Python, torch and CUDA start (about
+12 s a job on the H100 in the first study, a third of the default study's non-training time).
+
+Each job is still its own Snakemake job with its own log, benchmark and output file; the script
+only hands the call to the worker and relays the log while it runs. Between jobs the worker puts
+the process back as a fresh one would find it (memory cache, peak statistics, memory fraction,
+compiled graphs, global backend flags), and a new worker starts whenever the memopt sources, the
+Python or the allocator settings differ from the running one's. Nothing is half-written: outputs
+are written atomically at the end of a job, and a worker whose client goes away (Ctrl-C, a killed
+Snakemake) exits at once. It idles out after worker.idle_s seconds without a job."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from memopt.errors import MemoptError, exit_on_user_error
+
+CALLS = ("search_file", "cell_file", "quality_file")  # memopt.pipeline functions a job may call
+SRC = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 300
+
+
+def socket_path(workdir: Path | None = None) -> Path:
+    """Local (never on a shared filesystem), short (sun_path holds ~100 bytes), one per working
+    directory and GPU set."""
+    slot = f"{Path(workdir or os.getcwd()).resolve()}|{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"
+    name = hashlib.sha256(slot.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"memopt-{os.getuid()}" / f"{name}.sock"
+
+
+def fingerprint(alloc_conf: str) -> str:
+    """What a worker's jobs depend on beyond their arguments: a mismatch starts a new worker."""
+    h = hashlib.sha256(f"{sys.executable}|{alloc_conf}|".encode())
+    for path in sorted((SRC / "memopt").glob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _exchange(path: Path, message: dict) -> dict | None:
+    """Send one message, return the reply; None when no worker listens at path. A worker busy
+    with a job answers when the job is done (it takes one connection at a time)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+            s.sendall(json.dumps(message).encode() + b"\n")
+            line = s.makefile("rb").readline()
+    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+        return None
+    return json.loads(line) if line else None
+
+
+def _wait_gone(pid: int, seconds: float = 60.0) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with contextlib.suppress(ChildProcessError):  # our own child: reap it (else a zombie)
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise MemoptError(f"the memopt worker (pid {pid}) did not exit; stop it: kill {pid}")
+
+
+def _ensure_worker(path: Path, fp: str, idle_s: float, alloc_conf: str) -> dict:
+    """A worker with fingerprint fp listening at path: the running one, or a new one."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two clients never start two workers on one GPU
+        hello = _exchange(path, {"op": "hello"})
+        if hello is not None and hello["fingerprint"] == fp:
+            return hello
+        if hello is not None:  # stale code or settings: it must go before a new one takes the GPU
+            print(f"memopt: restarting the worker (pid {hello['pid']}): code or settings changed")
+            _exchange(path, {"op": "exit"})
+            _wait_gone(hello["pid"])
+        path.unlink(missing_ok=True)
+        log = path.with_suffix(".log")
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=alloc_conf)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "memopt.worker", str(path), fp, str(idle_s)]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # outlives this job; not killed with its process group
+            )  # fmt: skip
+        end = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise MemoptError(f"the memopt worker failed to start:\n{_tail(log)}")
+            hello = _exchange(path, {"op": "hello"})
+            if hello is not None:
+                return hello
+            time.sleep(0.05)
+        proc.kill()
+        raise MemoptError(f"the memopt worker did not start in {START_TIMEOUT_S} s:\n{_tail(log)}")
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return "(no worker log)"
+
+
+def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
+    """Run memopt.pipeline.<call>(**kwargs) (JSON-able arguments) with its output in log: in the
+    warm worker when worker['enabled'], else here. Relays the log to stdout; a user error exits 1
+    with its message alone."""
+    from memopt.scripting import logged
+
+    if call not in CALLS:
+        raise ValueError(f"{call!r} is not a worker call; allowed: {', '.join(CALLS)}")
+    log = Path(log).resolve()
+    if not worker["enabled"]:
+        from memopt import pipeline
+
+        with logged(log):
+            getattr(pipeline, call)(**kwargs)
+        return
+    with exit_on_user_error():
+        path = socket_path()
+        alloc_conf = kwargs["cfg"]["measure"]["cuda_alloc_conf"]
+        hello = _ensure_worker(path, fingerprint(alloc_conf), worker["idle_s"], alloc_conf)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b"")
+        request = {"op": "run", "call": call, "kwargs": kwargs, "log": str(log), "cwd": os.getcwd()}
+        reply = _run_remote(path, request, log)
+        if reply is None:
+            raise MemoptError(
+                f"the memopt worker (pid {hello['pid']}) died during the job; its last lines:\n"
+                f"{_tail(log)}\n{_tail(path.with_suffix('.log'))}"
+            )
+        if "user_error" in reply:
+            raise MemoptError(reply["user_error"])
+        if "traceback" in reply:
+            raise RuntimeError(f"the job failed in the memopt worker:\n{reply['traceback']}")
+
+
+def _run_remote(path: Path, request: dict, log: Path) -> dict | None:
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s,
+        open(log, "rb") as follow,
+    ):
+        s.connect(str(path))
+        s.sendall(json.dumps(request).encode() + b"\n")
+        s.settimeout(0.5)
+        reply = b""
+        while True:
+            sys.stdout.buffer.write(follow.read())  # the job's progress, as it is written
+            sys.stdout.flush()
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                continue
+            reply += chunk
+            if not chunk or reply.endswith(b"\n"):  # one line: the reply
+                break
+        sys.stdout.buffer.write(follow.read())
+        sys.stdout.flush()
+    return json.loads(reply) if reply.strip() else None
+
+
+# --- the worker process ---------------------------------------------------------------------
+
+
+def _flags() -> tuple:
+    """Process-wide settings a job may change (a technique sets TF32; a cell sets its threads)."""
+    import torch
+
+    b = torch.backends
+    return b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark, torch.get_num_threads()
+
+
+def _restore(flags: tuple) -> None:
+    """Put the process back as a new one would find it before the next job."""
+    import torch
+
+    b = torch.backends
+    b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark, threads = flags
+    torch.set_num_threads(threads)
+    gc.collect()
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()  # compiled graphs and recompile counts are per job, as in a new process
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1.0)  # a search lowers it for its trials
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _job(request: dict, jobs: int) -> dict:
+    from memopt import pipeline
+
+    os.chdir(request["cwd"])
+    with (
+        open(request["log"], "a", encoding="utf-8", buffering=1) as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
+        print(f"[memopt worker pid {os.getpid()}: job {jobs + 1} since it started]")
+        try:
+            getattr(pipeline, request["call"])(**request["kwargs"])
+            return {"ok": True}
+        except MemoptError as err:
+            return {"ok": False, "user_error": str(err)}
+        except Exception:
+            text = traceback.format_exc()
+            print(text)
+            return {"ok": False, "traceback": text}
+
+
+def _watch(conn: socket.socket, done: threading.Event) -> None:
+    """The client went away mid-job (Ctrl-C, killed): exit before the job writes anything."""
+    with contextlib.suppress(OSError):
+        conn.recv(1)
+    if not done.is_set():
+        print("client gone during a job: exiting", flush=True)
+        os._exit(3)
+
+
+def serve(path: Path, fp: str, idle_s: float) -> None:
+    import torch  # noqa: F401 (imported once, before the first job: that is the point)
+
+    flags, jobs = _flags(), 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(path))
+        srv.listen(4)
+        srv.settimeout(idle_s)
+        print(f"worker {os.getpid()} ready at {path} (fingerprint {fp})", flush=True)
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                print(f"idle for {idle_s} s after {jobs} jobs: exiting", flush=True)
+                break
+            with conn:
+                conn.settimeout(None)
+                request = json.loads(conn.makefile("rb").readline() or b"{}")
+                op = request.get("op")
+                if op == "hello":
+                    conn.sendall(
+                        json.dumps({"fingerprint": fp, "pid": os.getpid(), "jobs": jobs}).encode()
+                        + b"\n"
+                    )
+                    continue
+                if op == "exit":
+                    conn.sendall(b'{"ok": true}\n')
+                    break
+                if op != "run" or request.get("call") not in CALLS:
+                    conn.sendall(
+                        json.dumps({"ok": False, "traceback": f"bad request {op!r}"}).encode()
+                        + b"\n"
+                    )
+                    continue
+                done = threading.Event()
+                threading.Thread(target=_watch, args=(conn, done), daemon=True).start()
+                t0 = time.perf_counter()
+                reply = _job(request, jobs)
+                _restore(flags)
+                jobs += 1
+                done.set()
+                print(f"job {jobs}: {request['call']} -> {request['log']} "
+                      f"({time.perf_counter() - t0:.1f} s, ok={reply['ok']})", flush=True)  # fmt: skip
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+                conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher, which close() would not
+                if "traceback" in reply:  # an unexpected failure may have broken CUDA: start anew
+                    break
+    path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]))
