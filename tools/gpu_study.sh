@@ -22,38 +22,34 @@
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
 # STUDY_MAX_TARGETS runs only the first N targets.
 #
-# `start DEADLINE_S` runs the targets below in order, each only while its estimate (H100 seconds,
-# from tools/bench_techniques.py at batch 16 scaled to the searched batch) still fits before the
-# deadline (seconds after start); the rest waits for the next machine.
+# `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
+# before the deadline (seconds after start); the rest waits for the next machine.
 set -uo pipefail
 OUT=${OUT:-/tmp/memopt-study-out}
 STATE=.study/state.tar.gz
 RUNLOG=logs/study-run.log
 CONFIGFILE=${STUDY_CONFIG:-config.yaml}  # another config (e.g. the smoke study) tests this script
 CORPUS="corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '${STUDY_DATASET:-eltec_pol_corpus}'}"
-TARGETS=(
-  "searches 420"
-  "results/cells/gradcp/max.json 1150"
-  "results/cells/baseline/same.json 260"
-  "results/cells/baseline/max.json 5"   # the same run as baseline/same (rule baseline_max)
-  "results/cells/gradcp/same.json 320"
-  "results/cells/bf16/same.json 110"
-  "results/cells/bf16/max.json 110"
-  "results/cells/flash_gradcp/max.json 190"
-  "results/cells/flash_gradcp/same.json 60"
-  "results/cells/flash/max.json 90"
-  "results/cells/flash/same.json 50"
-  "results/cells/local128/max.json 90"
-  "results/cells/local128/same.json 50"
-  "results/cells/local256/max.json 90"
-  "results/cells/local256/same.json 50"
-  "paper 90"
+# Targets in order with their estimates (H100 seconds; tools/bench_overhead.py): the searches (with
+# the exactness runs), every cell, every quality run, the paper. Another config: 20 s each.
+mapfile -t TARGETS < <(python3 - "$CONFIGFILE" <<'PY'
+import sys, yaml
+sys.path.insert(0, "src")
+from memopt.config import validate_config
+from memopt.functions import functions
+c = validate_config(yaml.safe_load(open(sys.argv[1])))
+default = sys.argv[1] == "config.yaml"
+print("searches", 360 if default else 20)
+for t in c["techniques"]:
+    for b in c["batch_sizes"]:
+        big = c["techniques"][t].get("checkpointing", "none") != "none" and b == "max"
+        print(f"results/cells/{t}/{b}.json", (200 if big else 60) if default else 20)
+for f in functions(c["techniques"]):
+    for i in range(c["quality"]["seeds"]):
+        print(f"results/quality/{f}/{c['train']['seed'] + i}.json", (250 if f == "fp32" else 60) if default else 20)
+print("paper", 90 if default else 20)
+PY
 )
-if [ "$CONFIGFILE" != config.yaml ]; then  # searches, then every cell, then the paper: 20 s each
-  mapfile -t TARGETS < <(python3 -c "
-import yaml; c = yaml.safe_load(open('$CONFIGFILE'))
-print('searches 20'); [print(f'results/cells/{t}/{b}.json 20') for t in c['techniques'] for b in c['batch_sizes']]; print('paper 20')")
-fi
 
 setup() {
   if [ -d .whl ]; then
@@ -136,7 +132,8 @@ case ${1:-} in
       sleep 10
     done
     awk '/^== piece start/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RUNLOG" | grep -E "^== |steps \(|Error|error" | tail -40
-    echo "cells done: $(find results/cells -name '*.json' 2>/dev/null | wc -l)"
+    echo "cells done: $(find results/cells -name '*.json' 2>/dev/null | wc -l)," \
+      "quality runs done: $(find results/quality -name '*.json' 2>/dev/null | wc -l)"
     ;;
   save)
     mkdir -p "$OUT"

@@ -193,6 +193,10 @@ def _restore(flags: tuple) -> None:
     b = torch.backends
     b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark, threads = flags
     torch.set_num_threads(threads)
+    for module in [m for name, m in sys.modules.items() if name.startswith("memopt.")]:
+        for value in vars(module).values():  # lru caches may hold device tensors (masks)
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
     gc.collect()
     if "torch._dynamo" in sys.modules:
         torch._dynamo.reset()  # compiled graphs and recompile counts are per job, as in a new process
