@@ -32,6 +32,7 @@ CONFIGFILE=${STUDY_CONFIG:-config.yaml}  # another config (e.g. the smoke study)
 CORPUS="corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '${STUDY_DATASET:-eltec_pol_corpus}'}"
 # Targets in order with their estimates (H100 seconds; tools/bench_overhead.py): the searches (with
 # the exactness runs), every cell, every quality run, the paper. Another config: 20 s each.
+make_targets() {  # after setup: memopt's config needs the carried wheels (jsonschema)
 mapfile -t TARGETS < <(python3 - "$CONFIGFILE" <<'PY'
 import sys, yaml
 sys.path.insert(0, "src")
@@ -50,6 +51,7 @@ for f in functions(c["techniques"]):
 print("paper", 90 if default else 20)
 PY
 )
+}
 
 setup() {
   if [ -d .whl ]; then
@@ -98,6 +100,7 @@ run_targets() {  # the background job: each target while its estimate fits befor
 case ${1:-} in
   start)
     setup
+    make_targets
     mkdir -p logs "$OUT"
     info=$({ nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } 2>&1)
     python3 -c "import psutil, snakemake, speakleash" || exit 1
