@@ -48,7 +48,7 @@ def test_default_study_matches_the_issue():
 def test_defaults_fill_nested_and_per_technique():
     cfg = validate_config(BASE)
     assert cfg["device"] == "cuda"
-    assert cfg["measure"]["warmup_steps"] == 5 and cfg["quality"]["seeds"] == 2
+    assert cfg["measure"]["warmup_steps"] == 3 and cfg["quality"]["seeds"] == 2
     assert cfg["techniques"]["baseline"] == {
         "precision": "fp32",
         "attention": "math",

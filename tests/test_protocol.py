@@ -235,3 +235,24 @@ def test_cell_records_adaptive_timing_and_allocator_events(tiny_study):
     assert cell["steps"] == cfg["measure"]["warmup_steps"] + 7
     assert cell["step_time_ms"]["rel_ci95"] > 0 and cell["timed_s"] > 0
     assert "allocator_events" in cell and cell["allocator_events"] is None  # a CPU has none
+
+
+def test_a_max_cell_at_the_same_batch_reuses_the_same_cell(tiny_study, tmp_path):
+    import json
+
+    from memopt.pipeline import cell_file
+
+    cfg, _ = tiny_study
+    searches = tmp_path / "search"
+    searches.mkdir()
+    (searches / "baseline.json").write_text(json.dumps({"max_batch": 4}))
+    same = cell_file(cfg, "baseline", "same", tmp_path, searches, tmp_path / "same.json")
+    kept = cell_file(cfg, "baseline", "max", tmp_path, searches, tmp_path / "max.json",
+                     same_cell=tmp_path / "same.json")  # fmt: skip
+    assert kept == {**same, "batch_entry": "max", "measured_as": "same"}
+    # Another batch: measured in a run of its own.
+    (searches / "baseline.json").write_text(json.dumps({"max_batch": 3}))
+    cfg = {**cfg, "search": {**cfg["search"]}}
+    own = cell_file(cfg, "baseline", "max", tmp_path, searches, tmp_path / "max.json",
+                    same_cell=tmp_path / "same.json")  # fmt: skip
+    assert own["batch_size"] == 3 and "measured_as" not in own

@@ -11,7 +11,7 @@ import torch
 from memopt.data import TokenData
 from memopt.errors import MemoptError
 from memopt.quality import run_exactness, run_quality
-from memopt.results import read_json, write_json
+from memopt.results import alias_cell, read_json, write_json
 from memopt.search import search_max_batch
 from memopt.techniques import resolve_device
 from memopt.train import run_cell
@@ -88,12 +88,20 @@ def cell_file(
     search_dir: Path,
     out: Path,
     threads: int | None = None,
+    same_cell: Path | None = None,
 ) -> dict:
+    """One timing cell -> out. With same_cell (another entry's cell of this technique) at the
+    batch this entry resolves to, that run is written again under this entry instead."""
     device = _setup(cfg, threads)
     search_dir = Path(search_dir)
     batch = resolve_batch(
         entry, search_dir / f"{technique}.json", search_dir / f"{cfg['baseline']}.json"
     )
+    if same_cell is not None and read_json(Path(same_cell)).get("batch_size") == batch:
+        print(
+            f"[cell {technique} {entry}] batch {batch} is the {Path(same_cell).stem} cell's: reused"
+        )
+        return alias_cell(Path(same_cell), Path(out), entry)
     snapshot = (
         Path(out).with_suffix(".memory.pickle") if cfg["measure"]["memory_snapshot"] else None
     )

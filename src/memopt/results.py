@@ -100,8 +100,8 @@ def read_cell(path: Path) -> dict:
 
 
 def alias_cell(source: Path, out: Path, entry: str) -> dict:
-    """Write the cell `source` again as batch entry `entry`: for an entry that is the same
-    training run by definition (the baseline's `max` is its `same`), measured once."""
+    """Write the cell `source` again as batch entry `entry`: for an entry at the same batch (the
+    baseline's `max` is its `same`; near the cap a technique's may be too), measured once."""
     cell = read_cell(Path(source))
     cell = {**cell, "batch_entry": entry, "measured_as": cell["batch_entry"]}
     write_json(out, cell)

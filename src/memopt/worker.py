@@ -5,7 +5,8 @@ quality runs) one after another, so a job does not pay its own Python, torch and
 Each job is still its own Snakemake job with its own log, benchmark and output file; the script
 only hands the call to the worker and relays the log while it runs. Between jobs the worker puts
 the process back as a fresh one would find it (memory cache, peak statistics, memory fraction,
-compiled graphs, global backend flags), and a new worker starts whenever the memopt sources, the
+cached masks, global backend flags; compiled graphs are kept while the precision stays the same),
+and a new worker starts whenever the memopt sources, the
 Python or the allocator settings differ from the running one's. Nothing is half-written: outputs
 are written atomically at the end of a job, and a worker whose client goes away (Ctrl-C, a killed
 Snakemake) exits at once. It idles out after worker.idle_s seconds without a job."""
@@ -198,8 +199,6 @@ def _restore(flags: tuple) -> None:
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
     gc.collect()
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()  # compiled graphs and recompile counts are per job, as in a new process
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -237,10 +236,27 @@ def _watch(conn: socket.socket, done: threading.Event) -> None:
         os._exit(3)
 
 
+def _compiled_graphs(request: dict, last: tuple | None) -> tuple:
+    """Compiled graphs (FlexAttention's, a compiled model's) are kept from job to job: compiling
+    them again costs seconds a job. Dynamo guards on shapes, dtypes and the mask, not on the TF32
+    flags a precision sets, so they are dropped whenever the precisions of the job change. More
+    graphs live in one process than in one job: the limit is raised, and reaching it is an error
+    rather than a silent fall back to eager code."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    techniques = request["kwargs"]["cfg"]["techniques"].values()
+    key = tuple(sorted({t.get("precision", "fp32") for t in techniques}))
+    if key != last:
+        torch._dynamo.reset()
+    return key
+
+
 def serve(path: Path, fp: str, idle_s: float) -> None:
     import torch  # noqa: F401 (imported once, before the first job: that is the point)
 
-    flags, jobs = _flags(), 0
+    flags, jobs, precisions = _flags(), 0, None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
         srv.bind(str(path))
         srv.listen(4)
@@ -274,6 +290,7 @@ def serve(path: Path, fp: str, idle_s: float) -> None:
                 done = threading.Event()
                 threading.Thread(target=_watch, args=(conn, done), daemon=True).start()
                 t0 = time.perf_counter()
+                precisions = _compiled_graphs(request, precisions)
                 reply = _job(request, jobs)
                 _restore(flags)
                 jobs += 1

@@ -17,5 +17,6 @@ args = dict(
     search_dir=str(Path(sm.input.own).parent),
     out=sm.output[0],
     threads=sm.threads,
+    same_cell=sm.input.same or None,  # for `max`: the same cell, reused when the batch is equal
 )
 run_job(worker_settings(sm.config), "cell_file", args, sm.log[0])
