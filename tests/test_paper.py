@@ -146,6 +146,17 @@ def test_search_table_and_abstract(study):
     assert "{{" not in text and "{%" not in text
 
 
+def test_method_says_how_jobs_ran(study, monkeypatch):
+    out_md, out_tex = render(study)
+    for path in (out_md, out_tex):
+        prose = " ".join(path.read_text().split())
+        assert "in one warm process per GPU that runs the study's jobs one after another" in prose
+    monkeypatch.setitem(CONFIG, "worker", {"enabled": False, "idle_s": 60})
+    out_md, _ = render(study, name="fresh")
+    prose = " ".join(out_md.read_text().split())
+    assert "on the same batches, each in a fresh process." in prose and "warm process" not in prose
+
+
 def test_tex_is_a_complete_escaped_document(study):
     _, out_tex = render(study)
     text = out_tex.read_text()

@@ -177,6 +177,7 @@ CONFIG = {
         "max_timed_steps": 100,
     },
     "quality": {"tokens": 40_960, "batch": 32, "seeds": 2},
+    "worker": {"enabled": True, "idle_s": 60},
     "exactness": {"steps": 5, "batch": 4, "tolerance": {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}},
     "search": {
         "memory_budget_gib": None,

@@ -323,6 +323,7 @@ def build_context(
         "model": model,
         "flops": flops_summary(config["model"], tokens["vocab_size"], cells),
         "train": config.get("train", {}),
+        "warm_worker": bool(config.get("worker", {}).get("enabled")),
         "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
         "measured": {
             "warmup_steps": first_ok.get("warmup_steps"),
