@@ -4,6 +4,7 @@
                                          built once per session)
     speakleash_documents              -> its documents, [(raw text, meta)] in source order
     make_speakleash_mirror(docs, ...) -> Mirror: a fresh mirror holding your own documents
+    tiny_study                        -> (config, TokenData): a 2-layer CPU study on random tokens
 
 Point the corpus at it with {"source": "mirror", "mirror": str(mirror.path), "dataset":
 mirror.dataset}. The layout is what speakleash serves: speakleash.json (the dataset list), and per
@@ -129,3 +130,29 @@ def make_speakleash_mirror(tmp_path):
         return write_speakleash_mirror(tmp_path / f"mirror{count}", docs, dataset)
 
     return make
+
+
+@pytest.fixture
+def tiny_study(tmp_path):
+    """A tiny CPU study: (validated config, TokenData of random tokens written to tmp_path)."""
+
+    import numpy as np
+
+    from memopt.config import validate_config
+    from memopt.data import TokenData
+
+    rng = np.random.default_rng(0)
+    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(tmp_path / "train.bin")
+    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(tmp_path / "val.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    cfg = validate_config(
+        {
+            "device": "cpu",
+            "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
+            "train": {"warmup_steps": 2, "eval_sequences": 4, "eval_batch_size": 2},
+            "measure": {"warmup_steps": 2},
+            "search": {"cpu_memory_budget_gib": 8 / 1024, "max_batch": 512},
+            "techniques": {"baseline": {}},
+        }
+    )
+    return cfg, TokenData(tmp_path)

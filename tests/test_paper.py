@@ -34,7 +34,6 @@ def study(tmp_path_factory):
     aggregate(paths["cells"], paths["summary"])
     make_figures(
         paths["summary"],
-        paths["cells"],
         root / "paper" / "figures",
         search_paths=paths["searches"],
         quality_paths=paths["quality"],
@@ -70,7 +69,7 @@ def render_cells(study, tmp_path, cells: list[dict]):
         paths.append(tmp_path / "cells" / cell["technique"] / f"{cell['batch_entry']}.json")
         write_json(paths[-1], cell)
     aggregate(paths, tmp_path / "summary.csv")
-    make_figures(tmp_path / "summary.csv", paths, tmp_path / "paper" / "figures")
+    make_figures(tmp_path / "summary.csv", tmp_path / "paper" / "figures")
     out_md, out_tex = tmp_path / "paper" / "paper.md", tmp_path / "paper" / "paper.tex"
     render_paper(
         tmp_path / "summary.csv",

@@ -14,32 +14,6 @@ from memopt.verdicts import exactness
 MEASURE = {"target_rel_ci": 0.01, "min_timed_steps": 10, "max_timed_steps": 100}
 
 
-@pytest.fixture
-def tiny_study(tmp_path):
-    import json
-
-    import numpy as np
-
-    from memopt.config import validate_config
-    from memopt.data import TokenData
-
-    rng = np.random.default_rng(0)
-    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(tmp_path / "train.bin")
-    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(tmp_path / "val.bin")
-    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
-    cfg = validate_config(
-        {
-            "device": "cpu",
-            "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
-            "train": {"warmup_steps": 2, "eval_sequences": 4, "eval_batch_size": 2},
-            "measure": {"warmup_steps": 2},
-            "search": {"cpu_memory_budget_gib": 8 / 1024, "max_batch": 512},
-            "techniques": {"baseline": {}},
-        }
-    )
-    return cfg, TokenData(tmp_path)
-
-
 def steps_needed(series, cfg=MEASURE) -> int:
     """Feed a step-time series to the rule one step at a time, as a cell does."""
     for n in range(1, len(series) + 1):

@@ -10,37 +10,23 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from memopt import worker
-from memopt.config import validate_config
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture
-def study(tmp_path, monkeypatch):
-    """A tiny CPU study in tmp_path (its own worker: the socket is per working directory)."""
-    tokens = tmp_path / "tokens"
-    tokens.mkdir()
-    rng = np.random.default_rng(0)
-    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(tokens / "train.bin")
-    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(tokens / "val.bin")
-    (tokens / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
-    cfg = validate_config(
-        {
-            "device": "cpu",
-            "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
-            "train": {"warmup_steps": 2, "eval_sequences": 4, "eval_batch_size": 2},
-            "measure": {"warmup_steps": 2, "min_timed_steps": 3, "max_timed_steps": 5},
-            "quality": {"tokens": 4096, "batch": 8},
-            "search": {"cpu_memory_budget_gib": 8 / 1024},
-            "techniques": {"baseline": {}},
-        }
-    )
+def study(tiny_study, tmp_path, monkeypatch):
+    """The tiny study in tmp_path, which is also its own worker's (the socket is per directory)."""
+    cfg, _ = tiny_study
+    cfg = cfg | {
+        "measure": {**cfg["measure"], "min_timed_steps": 3, "max_timed_steps": 5},
+        "quality": {**cfg["quality"], "tokens": 4096, "batch": 8},
+    }
     monkeypatch.chdir(tmp_path)
-    yield cfg, tokens
+    yield cfg, tmp_path
     hello = worker._exchange(worker.socket_path(), {"op": "hello"})
     if hello is not None:
         worker._exchange(worker.socket_path(), {"op": "exit"})

@@ -85,7 +85,7 @@ def cmd_paper(args) -> None:
     searches = sorted((results / "search").glob("*.json"))
     aggregate(cells, summary)
     aggregate_quality(runs, results / "quality.csv")
-    make_figures(summary, cells, out / "figures", search_paths=searches, quality_paths=runs)
+    make_figures(summary, out / "figures", search_paths=searches, quality_paths=runs)
     render_paper(
         summary,
         searches,

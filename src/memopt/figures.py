@@ -610,7 +610,6 @@ def _windows_figure(summary) -> Figure:
 
 def make_figures(
     summary_csv: Path,
-    cell_paths: list[Path],
     out_dir: Path,
     *,
     search_paths: list[Path] = (),

@@ -13,7 +13,7 @@ import pandas as pd
 
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_text
-from memopt.functions import function_of, reference_technique
+from memopt.functions import function_of, functions, reference_technique
 
 QUALITY_COLUMNS = (
     "function seed status precision window kernel batch_size steps tokens train_s eval_s wall_s "
@@ -72,7 +72,7 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
         by_function.setdefault(run["function"], []).append(run)
     ref_function = function_of(techniques[reference]) if reference in techniques else None
     rows = []
-    for function, members in _members(techniques).items():
+    for function, members in functions(techniques).items():
         done = [r for r in by_function.get(function, []) if r["status"] == "ok"]
         loss = _spread([r["val_loss"] for r in done])
         ppl = _spread([r["val_ppl"] for r in done])
@@ -104,13 +104,6 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
         else:
             row["verdict"] = "not distinguishable"
     return {"reference_function": ref_function, "rows": rows}
-
-
-def _members(techniques: dict[str, dict]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for name, spec in techniques.items():
-        out.setdefault(function_of(spec), []).append(name)
-    return out
 
 
 def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict) -> dict:

@@ -27,7 +27,6 @@ rule figures:
         ],
     input:
         summary=rules.aggregate.output.summary,
-        cells=CELLS,
         searches=SEARCHES,
         quality=QUALITY,
         code=code_files("figures"),

@@ -11,7 +11,6 @@ sm = snakemake  # noqa: F821
 with logged(sm.log[0]):
     make_figures(
         Path(sm.input.summary),
-        [Path(p) for p in sm.input.cells],
         Path(sm.output[0]).parent,
         search_paths=[Path(p) for p in sm.input.searches],
         quality_paths=[Path(p) for p in sm.input.quality],
