@@ -13,7 +13,8 @@ from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell, write_stud
 
 from memopt.errors import MemoptError
 from memopt.figures import make_figures
-from memopt.paper import md, num, param_count, render_paper, tex
+from memopt.paper import param_count, render_paper
+from memopt.paper_format import md, num, tex
 from memopt.results import aggregate, write_json
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
@@ -250,17 +251,17 @@ def test_param_count_by_hand():
 
 
 def test_pdf_without_a_tex_engine_says_so(monkeypatch, tmp_path):
-    from memopt import paper
+    from memopt import paper_format
 
-    monkeypatch.setattr(paper.shutil, "which", lambda name: None)
+    monkeypatch.setattr(paper_format.shutil, "which", lambda name: None)
     with pytest.raises(MemoptError, match="no TeX engine found .* paper.md and paper.tex"):
-        paper.build_pdf(tmp_path / "paper.tex", tmp_path / "paper.pdf")
+        paper_format.build_pdf(tmp_path / "paper.tex", tmp_path / "paper.pdf")
     assert not (tmp_path / "paper.pdf").exists()
 
 
 @pytest.mark.skipif(not shutil.which("pdflatex"), reason="no pdflatex here")
 def test_build_pdf_leaves_only_the_pdf(study):
-    from memopt.paper import build_pdf
+    from memopt.paper_format import build_pdf
 
     _, out_tex = render(study)
     out_tex.with_suffix(".pdf").unlink(missing_ok=True)  # another test may have compiled here

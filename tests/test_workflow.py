@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import DATASET, _prose, write_speakleash_mirror
 
-from memopt.paper import tex_engine
+from memopt.paper_format import tex_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

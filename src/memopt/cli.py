@@ -103,7 +103,7 @@ def cmd_paper(args) -> None:
     )
     print(f"wrote {out / 'paper.md'} and {out / 'paper.tex'}")
     if args.pdf:
-        from memopt.paper import build_pdf
+        from memopt.paper_format import build_pdf
 
         build_pdf(out / "paper.tex", out / "paper.pdf")
         print(f"wrote {out / 'paper.pdf'}")

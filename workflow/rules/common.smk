@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `
 from memopt.config import validate_config
 from memopt.errors import ConfigError
 from memopt.functions import functions, quality_spec
-from memopt.paper import tex_engine
+from memopt.paper_format import tex_engine
 from memopt.results import FIGURE_NAMES, RULE_STAGES
 from memopt.scripting import code_files
 

@@ -29,7 +29,7 @@ rule figures:
         summary=rules.aggregate.output.summary,
         searches=SEARCHES,
         quality=QUALITY,
-        code=code_files("figures"),
+        code=code_files("figures", "figures_style", "figures_batch"),
     params:
         baseline=STUDY["baseline"],
     log:
@@ -57,7 +57,7 @@ rule render:
         templates=list((ROOT / "paper" / "templates").glob("*.j2")),
         reference=ROOT / "paper" / "reference.yaml",
         benchmarks=STAGE_BENCHMARKS,
-        code=code_files("paper", "verdicts"),
+        code=code_files("paper", "paper_format", "verdicts"),
     params:
         study=STUDY,
         templates=ROOT / "paper" / "templates",
@@ -78,7 +78,7 @@ rule pdf:
     input:
         tex=rules.render.output.tex,
         figures=FIGURES,
-        code=code_files("paper"),
+        code=code_files("paper_format"),
     log:
         "logs/pdf.log",
     benchmark:

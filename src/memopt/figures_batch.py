@@ -1,0 +1,184 @@
+"""Figures against the batch size (memory and speed per technique, search trials and fits) and
+the window comparison."""
+
+from __future__ import annotations
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import StrMethodFormatter
+
+from memopt.figures_style import (
+    _entry_label,
+    _main_entry,
+    _mark_unmeasured,
+    _ok,
+    _oom_note,
+    _placeholder,
+    _short,
+)
+
+
+def _technique_colors(techniques) -> dict:
+    palette = matplotlib.colormaps["tab10"].colors
+    return {t: palette[i % len(palette)] for i, t in enumerate(techniques)}
+
+
+def _cell_lines(ax, summary, column: str, colors: dict) -> None:
+    """One line per technique through its trained cells: `column` against batch size."""
+    for technique in dict.fromkeys(summary["technique"]):
+        ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
+        if not ok.empty:
+            ax.plot(
+                ok["batch_size"],
+                ok[column],
+                marker="o",
+                markersize=4,
+                linewidth=1.2,
+                color=colors[technique],
+                label=technique,
+            )
+
+
+def _batch_axes(ax, ylabel: str, handles: list) -> None:
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel(ylabel)
+
+
+def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
+    """Peak memory against batch: every search trial (x = out of memory), the search's linear fit,
+    the trained cells, and the memory budget the search had."""
+    techniques = list(dict.fromkeys(summary["technique"]))
+    colors = _technique_colors(techniques + [s["technique"] for s in searches])
+    fig = Figure(figsize=(6.4, 3.8))
+    ax = fig.subplots()
+    ax.set_title("Peak allocated memory vs batch size")
+    budgets = {s["budget_mib"] for s in searches if s.get("budget_mib")}
+    budget = min(budgets) if budgets else None
+    for s in searches:
+        color = colors[s["technique"]]
+        fits = [t for t in s["trials"] if t["fits"] and t.get("peak_mib") is not None]
+        misses = [t["batch"] for t in s["trials"] if not t["fits"]]
+        ax.scatter(
+            [t["batch"] for t in fits],
+            [t["peak_mib"] for t in fits],
+            s=12,
+            color=color,
+            facecolor="none",
+            linewidth=0.8,
+        )
+        if misses and budget:
+            ax.scatter(misses, [budget] * len(misses), s=18, marker="x", color=color)
+        fit = s.get("fit")
+        if fit and fit.get("per_sample_mib") is not None:
+            top = max([t["batch"] for t in s["trials"]] + [1])
+            ax.plot(
+                [0, top],
+                [fit["fixed_mib"], fit["fixed_mib"] + fit["per_sample_mib"] * top],
+                linestyle=":",
+                linewidth=0.8,
+                color=color,
+            )
+    _cell_lines(ax, summary, "peak_allocated_mib", colors)
+    if budget:
+        ax.axhline(budget, color="#B00020", linewidth=0.8, linestyle="--")
+        ax.text(
+            0.01,
+            budget,
+            f" memory budget {budget:,.0f} MiB",
+            transform=ax.get_yaxis_transform(),
+            va="bottom",
+            fontsize=7,
+            color="#B00020",
+        )
+    if not ax.lines and not ax.collections:
+        _placeholder(ax, "no measured memory")
+        return fig
+    _oom_note(ax, summary)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [
+        Line2D(
+            [],
+            [],
+            marker="o",
+            linestyle="none",
+            markerfacecolor="none",
+            color="grey",
+            label="search trial (fits)",
+        ),
+        Line2D([], [], marker="x", linestyle="none", color="grey", label="search trial (OOM)"),
+        Line2D([], [], linestyle=":", color="grey", label="search fit"),
+    ]
+    _batch_axes(ax, "peak allocated memory (MiB)", handles)
+    return fig
+
+
+def _speed_batch_figure(summary) -> Figure:
+    """Throughput against batch size, one line per technique through its trained cells."""
+    techniques = list(dict.fromkeys(summary["technique"]))
+    colors = _technique_colors(techniques)
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
+    ax.set_title("Training throughput vs batch size")
+    _cell_lines(ax, summary, "tokens_per_s", colors)
+    if not ax.lines:
+        _placeholder(ax, "no cell fitted in memory")
+        return fig
+    _oom_note(ax, summary)
+    _batch_axes(ax, "throughput (tokens/s)", ax.get_legend_handles_labels()[0])
+    return fig
+
+
+def window_group(summary) -> list:
+    """The windowed techniques and their full-attention counterparts (same precision,
+    checkpointing and compilation), at the main entry, ordered by window (full last)."""
+    rows = summary[summary["batch_entry"] == _main_entry(summary)]
+    windowed = rows[rows["window"].notna()]
+    same_knobs = ["precision", "checkpointing", "compile"]
+    keys = {tuple(r) for r in windowed[same_knobs].astype(str).itertuples(index=False)}
+    full = rows[rows["window"].isna()]
+    full = full[[tuple(r) in keys for r in full[same_knobs].astype(str).itertuples(index=False)]]
+    if windowed.empty:
+        return []
+    return list(windowed.sort_values("window").itertuples()) + list(full.itertuples())
+
+
+def _windows_figure(summary) -> Figure:
+    """Sliding windows against full attention: throughput, peak memory and validation perplexity."""
+    group = window_group(summary)
+    panels = [
+        ("tokens_per_s", "tokens/s"),
+        ("peak_allocated_mib", "peak allocated (MiB)"),
+        ("val_ppl", "val. perplexity (its function)"),
+    ]
+    fig = Figure(figsize=(7.2, 3.0))
+    axes = fig.subplots(1, len(panels))
+    fig.suptitle(f"Attention window, {_entry_label(_main_entry(summary))}")
+    if not group:
+        _placeholder(axes[0], "no windowed technique in this study")
+        for ax in axes[1:]:
+            ax.set_axis_off()
+        return fig
+    labels = [
+        f"{r.technique}\n{'W=' + str(int(r.window)) if r.window == r.window else 'full'}"
+        f" ({r.kernel if isinstance(r.kernel, str) else r.attention})"
+        for r in group
+    ]
+    for ax, (column, title) in zip(axes, panels):
+        for i, row in enumerate(group):
+            value = getattr(row, column)
+            if row.status != "ok" or value != value:
+                _mark_unmeasured(ax, i, 0.7, "OOM" if row.status == "oom" else "n/a", "#B00020")
+                continue
+            ax.bar(i, value, 0.7, color="#55A868" if row.window == row.window else "#4C72B0")
+            ax.text(i, value, _short(value), ha="center", va="bottom", fontsize=6.5)
+        ax.set_xticks(range(len(group)), labels, rotation=30, ha="right", fontsize=6.5)
+        ax.set_xlim(-0.6, len(group) - 0.4)
+        ax.set_title(title, fontsize=8)
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    fig.tight_layout()
+    return fig

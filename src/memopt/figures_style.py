@@ -1,0 +1,125 @@
+"""What every paper figure shares: colours, style, byte-reproducible saving, and how an empty
+plot or an out-of-memory cell is drawn (as a hatched "OOM" mark, never as a zero bar)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from memopt.results import entry_sort_key
+
+ENTRY_COLORS = {"same": "#4C72B0", "max": "#DD8452"}
+
+OTHER_COLORS = ["#55A868", "#8172B3", "#937860", "#DA8BC3"]
+
+# PDFs carry no creation date and PNGs no software stamp, so a rebuild gives identical bytes.
+SAVE_METADATA = {
+    "pdf": {"CreationDate": None, "Creator": None, "Producer": None},
+    "png": {"Software": None},
+}
+
+STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "pdf.fonttype": 42}
+
+
+def _entry_label(entry: str) -> str:
+    return {"same": "same batch (baseline's max)", "max": "own max batch"}.get(
+        entry, f"batch {entry}"
+    )
+
+
+def _short(value: float) -> str:
+    """Compact bar label (150k, 2.3k, 850): full numbers overlap once seven techniques share a row;
+    the exact values are in the paper's table."""
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k"
+    return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.3g}"
+
+
+def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
+    paths = []
+    for ext in ("pdf", "png"):
+        path = out_dir / f"{name}.{ext}"
+        fig.savefig(path, dpi=150, metadata=SAVE_METADATA[ext], bbox_inches="tight")
+        paths.append(path)
+    return paths
+
+
+def _mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> None:
+    """A full-height hatched band with a label, in axes coordinates: no value to be misread."""
+    ax.axvspan(
+        x - width / 2,
+        x + width / 2,
+        facecolor="none",
+        edgecolor=edgecolor,
+        hatch="///",
+        linewidth=0.8,
+    )
+    ax.text(
+        x,
+        0.5,
+        label,
+        rotation=90,
+        ha="center",
+        va="center",
+        transform=ax.get_xaxis_transform(),
+        fontsize=8,
+        color="#B00020",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+    )
+
+
+def _main_entry(summary) -> str:
+    """`same` (the fair comparison); a study without it shows its first entry."""
+    entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
+    return "same" if "same" in entries else entries[0]
+
+
+def _ok(summary):
+    return summary[summary["status"] == "ok"]
+
+
+def _placeholder(ax, text: str) -> None:
+    """A figure with nothing to plot still gets written, saying why it is empty."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
+    """Hatched full-width row for an oom cell in a horizontal bar chart: no value to misread."""
+    ax.axhspan(y - height / 2, y + height / 2, facecolor="none", edgecolor="#B00020", hatch="///")
+    ax.text(
+        0.5,
+        y,
+        text,
+        transform=ax.get_yaxis_transform(),
+        ha="center",
+        va="center",
+        fontsize=8,
+        color="#B00020",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+    )
+
+
+def _oom_note(ax, summary) -> None:
+    """Name the cells that ran out of memory in the plot, rather than leave them out silently."""
+    oom = summary[summary["status"] == "oom"]
+    if not oom.empty:
+        names = ", ".join(
+            f"{r.technique} ({r.batch_entry}"
+            + ("" if r.batch_size != r.batch_size else f", b={int(r.batch_size)}")
+            + ")"
+            for r in oom.itertuples()
+        )
+        ax.text(
+            0.99,
+            0.02,
+            f"OOM, not shown: {names}",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="#B00020",
+            wrap=True,
+        )

@@ -1,0 +1,119 @@
+"""How the paper is written out: number and escaping filters for the templates, the Jinja2
+environment (StrictUndefined: a missing value is an error, never an empty string) and the PDF
+build. The context the templates get is built in memopt.paper."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jinja2
+
+from memopt.errors import MemoptError
+from memopt.fileio import atomic_path
+
+
+def num(value, decimals: int = 0) -> str:
+    """1234.5 -> '1,234.5' (decimals fixed); None or NaN -> 'n/a' (an unmeasured value)."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises here, naming the missing variable
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{decimals}f}"
+
+
+def pct(value, decimals: int = 1) -> str:
+    """0.2345 -> '23.5%'; None or NaN -> 'n/a' (e.g. MFU on a device without a known peak)."""
+    text = num(None if value is None else 100 * value, decimals)
+    return text if text == "n/a" else text + "%"
+
+
+_TEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+_TEX_RE = re.compile("|".join(re.escape(c) for c in _TEX_SPECIAL))
+
+
+def tex(value) -> str:
+    """Escape LaTeX special characters in one pass (so the backslashes we add stay intact)."""
+    return "n/a" if value is None else _TEX_RE.sub(lambda m: _TEX_SPECIAL[m.group()], str(value))
+
+
+def md(value) -> str:
+    """Make a value safe inside a Markdown table cell: | would start a new column."""
+    return "n/a" if value is None else str(value).replace("|", r"\|").replace("\n", " ")
+
+
+def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
+    """Jinja2 environment; LaTeX templates use \\BLOCK{..} \\VAR{..} \\#{..} since { } % are TeX."""
+    options = dict(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    if latex:
+        options.update(
+            block_start_string=r"\BLOCK{",
+            block_end_string="}",
+            variable_start_string=r"\VAR{",
+            variable_end_string="}",
+            comment_start_string=r"\#{",
+            comment_end_string="}",
+            line_statement_prefix=None,
+            line_comment_prefix=None,
+        )
+    env = jinja2.Environment(**options)
+    env.filters.update(num=num, pct=pct, tex=tex, md=md)
+    return env
+
+
+def tex_engine() -> list[str] | None:
+    """The command that turns the .tex into a PDF here, or None when no TeX engine is installed."""
+    if shutil.which("latexmk"):
+        return ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error"]
+    if shutil.which("pdflatex"):
+        return ["pdflatex", "-interaction=nonstopmode", "-halt-on-error"]
+    return None
+
+
+def build_pdf(tex_path: Path, pdf_out: Path) -> None:
+    """Compile the paper's .tex (figures are found relative to it); auxiliary files stay in a
+    temporary folder, so only the PDF lands beside the paper."""
+    engine = tex_engine()
+    if engine is None:
+        raise MemoptError(
+            "no TeX engine found (latexmk or pdflatex), so paper.pdf cannot be built; "
+            "paper.md and paper.tex are complete without it. Install one, e.g. "
+            "apt-get install texlive-latex-recommended texlive-latex-extra"
+        )
+    tex_path = Path(tex_path).resolve()
+    with tempfile.TemporaryDirectory() as build:
+        # pdflatex needs a second pass for references; latexmk decides by itself.
+        for _ in range(1 if engine[0] == "latexmk" else 2):
+            proc = subprocess.run(
+                [*engine, f"-output-directory={build}", tex_path.name],
+                cwd=tex_path.parent,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if proc.returncode != 0:
+                raise MemoptError(f"{engine[0]} failed on {tex_path}:\n{proc.stdout[-3000:]}")
+        with atomic_path(pdf_out) as tmp:
+            shutil.move(Path(build) / tex_path.with_suffix(".pdf").name, tmp)
