@@ -124,3 +124,20 @@ def test_the_worker_idles_out(study):
     pid = worker._exchange(worker.socket_path(), {"op": "hello"})["pid"]
     worker._wait_gone(pid, seconds=30)
     assert not worker.socket_path().exists()
+
+
+def test_the_next_job_compiles_as_a_fresh_process_would():
+    """A search's trials leave a dynamic-batch graph; the next job must not run it."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    for n in (2, 3):  # a second size makes the size dynamic
+        double(torch.ones(n))
+    counters.clear()
+    double(torch.ones(4))
+    assert counters["stats"]["unique_graphs"] == 0  # reused: what a warm process would do
+    worker._restore(worker._flags())
+    counters.clear()
+    double(torch.ones(4))
+    assert counters["stats"]["unique_graphs"] == 1  # compiled anew, as in a fresh process

@@ -1,15 +1,15 @@
 """A warm worker: one long-lived process per GPU runs the workflow's training jobs (searches, cells,
-quality runs) one after another, so a job does not pay its own Python, torch and CUDA start (about
-12 s a job on the H100 in the first study, a third of the default study's non-training time).
+quality runs) one after another, so a job does not pay its own Python, torch and CUDA start (12-18 s
+a job beyond its own measured time in the first H100 study).
 
 Each job is still its own Snakemake job with its own log, benchmark and output file; the script
 only hands the call to the worker and relays the log while it runs. Between jobs the worker puts
 the process back as a fresh one would find it (memory cache, peak statistics, memory fraction,
-cached masks, global backend flags; compiled graphs are kept while the precision stays the same),
-and a new worker starts whenever the memopt sources, the
-Python or the allocator settings differ from the running one's. Nothing is half-written: outputs
-are written atomically at the end of a job, and a worker whose client goes away (Ctrl-C, a killed
-Snakemake) exits at once. It idles out after worker.idle_s seconds without a job."""
+cached masks, compiled graphs, the flash-attention implementation, global backend flags), and a
+new worker starts whenever the memopt sources, the Python, the torch version, the allocator
+settings or the environment a job reads differ from the running one's. Nothing is half-written:
+outputs are written atomically at the end of a job, and a worker whose client goes away (Ctrl-C, a
+killed Snakemake) exits at once. It idles out after worker.idle_s seconds without a job."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ from memopt.errors import MemoptError, exit_on_user_error
 CALLS = ("search_file", "cell_file", "quality_file")  # memopt.pipeline functions a job may call
 SRC = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
+# Environment a job reads (provenance, torch, inductor, CUDA): a change needs a new worker.
+ENV_PREFIXES = ("MEMOPT_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_")
 
 
 def socket_path(workdir: Path | None = None) -> Path:
@@ -45,7 +47,12 @@ def socket_path(workdir: Path | None = None) -> Path:
 
 def fingerprint(alloc_conf: str) -> str:
     """What a worker's jobs depend on beyond their arguments: a mismatch starts a new worker."""
-    h = hashlib.sha256(f"{sys.executable}|{alloc_conf}|".encode())
+    from importlib.metadata import PackageNotFoundError, version
+
+    with contextlib.suppress(PackageNotFoundError):  # an upgrade in place needs a new worker
+        alloc_conf += f"|torch {version('torch')}"
+    env = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)]
+    h = hashlib.sha256(f"{sys.executable}|{alloc_conf}|{env}|".encode())
     for path in sorted((SRC / "memopt").glob("*.py")):
         h.update(path.name.encode() + path.read_bytes())
     return h.hexdigest()[:16]
@@ -148,7 +155,8 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
             )
         if "user_error" in reply:
             raise MemoptError(reply["user_error"])
-        if "traceback" in reply:
+        if "traceback" in reply:  # the worker ends after it: let it free the GPU first
+            _wait_gone(hello["pid"])
             raise RuntimeError(f"the job failed in the memopt worker:\n{reply['traceback']}")
 
 
@@ -157,8 +165,11 @@ def _run_remote(path: Path, request: dict, log: Path) -> dict | None:
         socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s,
         open(log, "rb") as follow,
     ):
-        s.connect(str(path))
-        s.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            s.connect(str(path))
+            s.sendall(json.dumps(request).encode() + b"\n")
+        except OSError:  # gone between hello and run (idled out, or ended after a failure)
+            return None
         s.settimeout(0.5)
         reply = b""
         while True:
@@ -168,6 +179,8 @@ def _run_remote(path: Path, request: dict, log: Path) -> dict | None:
                 chunk = s.recv(65536)
             except socket.timeout:
                 continue
+            except OSError:
+                break
             reply += chunk
             if not chunk or reply.endswith(b"\n"):  # one line: the reply
                 break
@@ -198,6 +211,12 @@ def _restore(flags: tuple) -> None:
         for value in vars(module).values():  # lru caches may hold device tensors (masks)
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
+    # Compiled graphs go too: a search's trials leave a dynamic-batch graph that a cell would
+    # reuse where a fresh process compiles a static one (inductor's disk cache keeps it cheap).
+    torch._dynamo.reset()
+    restore_impl = getattr(torch.nn.attention, "restore_flash_attention_impl", None)
+    if restore_impl is not None:  # a flash_attn job may have activated FA3/FA4 for SDPA
+        restore_impl()
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -220,6 +239,7 @@ def _job(request: dict, jobs: int) -> dict:
             getattr(pipeline, request["call"])(**request["kwargs"])
             return {"ok": True}
         except MemoptError as err:
+            print(f"memopt: error: {err}")
             return {"ok": False, "user_error": str(err)}
         except Exception:
             text = traceback.format_exc()
@@ -236,28 +256,11 @@ def _watch(conn: socket.socket, done: threading.Event) -> None:
         os._exit(3)
 
 
-def _compiled_graphs(request: dict, last: tuple | None) -> tuple:
-    """Compiled graphs (FlexAttention's, a compiled model's) are kept from job to job: compiling
-    them again costs seconds a job. Dynamo guards on shapes, dtypes and the mask, not on the TF32
-    flags a precision sets, so they are dropped whenever the precisions of the job change. More
-    graphs live in one process than in one job: the limit is raised, and reaching it is an error
-    rather than a silent fall back to eager code."""
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = 64
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
-    techniques = request["kwargs"]["cfg"]["techniques"].values()
-    key = tuple(sorted({t.get("precision", "fp32") for t in techniques}))
-    if key != last:
-        torch._dynamo.reset()
-    return key
-
-
 def serve(path: Path, fp: str, idle_s: float) -> None:
     import torch  # noqa: F401 (imported once, before the first job: that is the point)
 
-    flags, jobs, precisions = _flags(), 0, None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+    flags, jobs = _flags(), 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv, _removed(path):
         srv.bind(str(path))
         srv.listen(4)
         srv.settimeout(idle_s)
@@ -290,18 +293,26 @@ def serve(path: Path, fp: str, idle_s: float) -> None:
                 done = threading.Event()
                 threading.Thread(target=_watch, args=(conn, done), daemon=True).start()
                 t0 = time.perf_counter()
-                precisions = _compiled_graphs(request, precisions)
                 reply = _job(request, jobs)
                 _restore(flags)
                 jobs += 1
                 done.set()
                 print(f"job {jobs}: {request['call']} -> {request['log']} "
                       f"({time.perf_counter() - t0:.1f} s, ok={reply['ok']})", flush=True)  # fmt: skip
-                conn.sendall(json.dumps(reply).encode() + b"\n")
-                conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher, which close() would not
+                with contextlib.suppress(OSError):  # the client may be gone by now
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                    conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher, which close() would not
                 if "traceback" in reply:  # an unexpected failure may have broken CUDA: start anew
                     break
-    path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _removed(path: Path):
+    """The socket file goes with the worker, however it ends."""
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
