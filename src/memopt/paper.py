@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 
 import jinja2
@@ -18,6 +17,7 @@ import yaml
 
 from memopt.errors import MemoptError
 from memopt.paper_format import make_environment
+from memopt.paper_reference import ratio, reference_comparison
 from memopt.results import (
     FIGURE_NAMES,
     INT_COLUMNS,
@@ -114,10 +114,6 @@ def _search(path: Path) -> dict:
     }
 
 
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
 def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
     """The headline numbers of the abstract, at the `same` batch (else the first entry)."""
     entries = sorted({c["batch_entry"] for c in cells}, key=entry_sort_key)
@@ -149,7 +145,7 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
             "technique": fast["technique"],
             "tokens_per_s": fast["tokens_per_s"],
             "baseline_tokens_per_s": base_tps,
-            "speedup": _ratio(fast["tokens_per_s"], base_tps),
+            "speedup": ratio(fast["tokens_per_s"], base_tps),
         }
     # "Trains" means a cell finished: a search maximum whose full run ran out of memory is not it.
     trained = [c for c in cells if c["status"] == "ok"]
@@ -163,7 +159,7 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
             "max_batch": top["batch_size"],
             "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
             "baseline_max_batch": base_max,
-            "ratio": _ratio(top["batch_size"], base_max),
+            "ratio": ratio(top["batch_size"], base_max),
         }
     return result
 
@@ -299,72 +295,6 @@ def figure_paths(figures_dir: Path, out_path: Path, ext: str) -> dict[str, str]:
             raise MemoptError(f"{path}: figure not found (run the figures step first)")
         figures[name] = Path(os.path.relpath(path, Path(out_path).parent)).as_posix()
     return figures
-
-
-def _reported(row: dict) -> tuple[float, str] | None:
-    """A reported peak memory as (number, unit), from the raw text ("18,401 MB")."""
-    match = re.match(r"\s*([\d,.]+)\s*(\S+)", str(row.get("peak_memory_raw") or ""))
-    return (float(match.group(1).replace(",", "")), match.group(2)) if match else None
-
-
-def reference_comparison(
-    reference_path: Path | None, relative: list[dict], searches: list[dict], baseline: str
-) -> dict:
-    """Earlier reports' own ratios (speed-up, memory reduction, maximum batch against their
-    baseline, at their baseline's batch) next to ours at the `same` batch. Absolute numbers are
-    not compared: the reports used other GPUs, models and settings."""
-    if reference_path is None or not Path(reference_path).exists():
-        return {"reports": [], "rows": []}
-    reports = (yaml.safe_load(Path(reference_path).read_text()) or {}).get("reports", [])
-    ours = {r["technique"]: r for r in relative if r["batch_entry"] == "same"}
-    our_max = {s["technique"]: s["max_batch"] for s in searches}
-    base_max = our_max.get(baseline)
-    rows = []
-    for report in reports:
-        results = report.get("results", [])
-        base = next(
-            (
-                r
-                for r in results
-                if r.get("memopt") == baseline and r.get("batch") in ("same", None)
-            ),
-            None,
-        )
-        if base is None:
-            continue
-        base_peak = _reported(base)
-        seen = set()
-        for r in results:
-            name = r.get("memopt")
-            if not name or name == baseline or name in seen:
-                continue
-            if r.get("batch_size") != base.get("batch_size"):
-                continue
-            seen.add(name)
-            peak = _reported(r)
-            same_unit = peak and base_peak and peak[1] == base_peak[1]
-            rows.append(
-                {
-                    "report": report["id"],
-                    "gpu": report.get("gpu"),
-                    "technique": name,
-                    "batch_size": r.get("batch_size"),
-                    "speedup": r.get("speedup_vs_baseline"),
-                    "memory_reduction_pct": 100 * (1 - peak[0] / base_peak[0])
-                    if same_unit
-                    else None,
-                    "max_batch_ratio": _ratio(r.get("max_batch"), base.get("max_batch")),
-                    "our_speedup": ours.get(name, {}).get("speedup"),
-                    "our_memory_reduction_pct": ours.get(name, {}).get("memory_reduction_pct"),
-                    "our_max_batch_ratio": _ratio(our_max.get(name), base_max),
-                }
-            )
-    cited = [
-        {key: r.get(key) for key in ("id", "title", "author", "source", "gpu")}
-        for r in reports
-        if any(x["report"] == r["id"] for x in rows)
-    ]
-    return {"reports": cited, "rows": rows}
 
 
 def _render(env: jinja2.Environment, name: str, context: dict) -> str:

@@ -57,7 +57,7 @@ rule render:
         templates=list((ROOT / "paper" / "templates").glob("*.j2")),
         reference=ROOT / "paper" / "reference.yaml",
         benchmarks=STAGE_BENCHMARKS,
-        code=code_files("paper", "paper_format", "verdicts"),
+        code=code_files("paper", "paper_format", "paper_reference", "verdicts"),
     params:
         study=STUDY,
         templates=ROOT / "paper" / "templates",
