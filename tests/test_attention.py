@@ -37,6 +37,24 @@ def test_window_covers_exactly_w_keys_including_itself():
     assert mask[9, 9] and mask[9, 6] and not mask[9, 5] and not mask[5, 6]
 
 
+@pytest.mark.parametrize("window", [None, 1, 3, 200])
+def test_flex_block_mask_is_the_band(window):
+    """flex's mask (the window a captured tensor, so one compiled graph serves every window)
+    keeps exactly the keys of band_mask, and the block mask skips no tile it needs."""
+    from memopt.attention import _flex_block_mask
+
+    _flex_block_mask.cache_clear()
+    block_mask = _flex_block_mask(256, window, "cpu")
+    dense = block_mask.to_dense()[0, 0].bool()  # (query blocks, key blocks) kept
+    idx = torch.arange(256)
+    kept = block_mask.mask_mod(0, 0, idx[:, None], idx[None, :])
+    expected = band_mask(256, window, "cpu")
+    assert torch.equal(kept, expected)
+    n = block_mask.BLOCK_SIZE[0]
+    needed = expected.reshape(256 // n, n, 256 // n, n).any(3).any(1)
+    assert torch.equal(dense & needed, needed)
+
+
 def grads(fn, q, k, v, window=None):
     out = fn(q, k, v, window)
     g = torch.autograd.grad(out.float().square().sum(), (q, k, v))

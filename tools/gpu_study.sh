@@ -20,7 +20,8 @@
 # fresh ones), so Snakemake's usual rerun triggers see exactly what one uninterrupted run would.
 #
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
-# STUDY_MAX_TARGETS runs only the first N targets.
+# STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONE_CALL=1 runs them all in one Snakemake
+# call (no deadline: one machine for the whole study, no DAG rebuilt per target).
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -73,15 +74,26 @@ SAME="data/corpus/train.jsonl data/corpus/val.jsonl data/tokenizer/spm.model dat
   data/tokens/val.bin data/tokens/meta.json"
 DATA="$SAME data/corpus/stats.json data/tokenizer/spm.json"
 
+target_files() {
+  if [ "$1" = searches ]; then
+    python3 -c "import yaml; print(' '.join(f'results/search/{t}.json' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques']))"
+  else
+    echo "$1"
+  fi
+}
+
 run_targets() {  # the background job: each target while its estimate fits before the deadline
-  local deadline=$1 t0=$SECONDS
-  for entry in "${TARGETS[@]:0:${STUDY_MAX_TARGETS:-${#TARGETS[@]}}}"; do  # (a test runs fewer)
+  local deadline=$1 t0=$SECONDS entries=("${TARGETS[@]:0:${STUDY_MAX_TARGETS:-${#TARGETS[@]}}}")
+  if [ -n "${STUDY_ONE_CALL:-}" ]; then  # the whole study in one Snakemake call, as a user runs it
+    all=$(for entry in "${entries[@]}"; do target_files "${entry%% *}"; done)
+    echo "== all targets in one Snakemake call at $(date -u +%T)"
+    smk $all || echo "== study FAILED"
+    echo "== piece finished at $(date -u +%T) after $(( SECONDS - t0 )) s"
+    return
+  fi
+  for entry in "${entries[@]}"; do  # (a test runs fewer)
     read -r target est <<< "$entry"
-    if [ "$target" = searches ]; then
-      files=$(python3 -c "import yaml; print(' '.join(f'results/search/{t}.json' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques']))")
-    else
-      files=$target
-    fi
+    files=$(target_files "$target")
     if smk -n $files 2>&1 | grep -q "Nothing to be done"; then
       echo "== $target: done before"
       continue
@@ -123,7 +135,7 @@ case ${1:-} in
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk run_targets); run_targets $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets); run_targets $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
@@ -139,7 +151,8 @@ case ${1:-} in
       "quality runs done: $(find results/quality -name '*.json' 2>/dev/null | wc -l)"
     ;;
   save)
-    mkdir -p "$OUT"
+    mkdir -p "$OUT" logs/worker
+    cp /tmp/memopt-"$(id -u)"/*.log logs/worker/ 2>/dev/null  # the warm workers' own logs
     # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
     tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)

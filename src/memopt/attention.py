@@ -126,9 +126,13 @@ def flash_attn_attention(q, k, v, window=None):
 def _flex_block_mask(seq_len: int, window: int | None, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
+    # The window is a captured tensor, not a constant: the compiled graph (and so inductor's
+    # on-disk cache entry) is then the same for every window, and a job compiling flex for one
+    # window finds the kernels another window's job compiled (local128 after local256).
+    span = torch.tensor(seq_len if window is None else window, device=device)
+
     def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx
-        return keep if window is None else keep & (q_idx - kv_idx < window)
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < span)
 
     # Built once per (length, window): the block mask lets the kernel skip empty tiles entirely.
     return create_block_mask(mask_mod, None, None, seq_len, seq_len, device=device)

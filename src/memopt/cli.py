@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from memopt.config import load_config_file, validate_config
@@ -85,7 +86,13 @@ def cmd_paper(args) -> None:
     searches = sorted((results / "search").glob("*.json"))
     aggregate(cells, summary)
     aggregate_quality(runs, results / "quality.csv")
-    make_figures(summary, out / "figures", search_paths=searches, quality_paths=runs)
+    make_figures(
+        summary,
+        out / "figures",
+        search_paths=searches,
+        quality_paths=runs,
+        processes=os.cpu_count() or 1,
+    )
     render_paper(
         summary,
         searches,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -27,7 +26,6 @@ from memopt.figures_batch import (
 from memopt.figures_style import (
     ENTRY_COLORS,
     OTHER_COLORS,
-    STYLE,
     _entry_label,
     _main_entry,
     _mark_unmeasured,
@@ -35,8 +33,8 @@ from memopt.figures_style import (
     _oom_hband,
     _oom_note,
     _placeholder,
-    _save,
     _short,
+    render_all,
 )
 from memopt.results import (
     FIGURE_NAMES,
@@ -358,8 +356,10 @@ def make_figures(
     search_paths: list[Path] = (),
     quality_paths: list[Path] = (),
     baseline: str = "baseline",
+    processes: int = 1,
 ) -> list[Path]:
     """Write every figure in FIGURE_NAMES as .pdf and .png into out_dir; return the paths.
+    `processes` > 1 renders them in that many forked processes (memopt.figures_style.render_all).
 
     search_paths give memory_batch its trials and fits; quality_paths the quality runs (loss
     against tokens; each technique's validation perplexity is its function's mean over seeds);
@@ -377,24 +377,23 @@ def make_figures(
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with matplotlib.rc_context(STYLE):
-        figures = {
-            "memory": _bar_figure(
-                summary,
-                "peak_allocated_mib",
-                "peak allocated memory (MiB)",
-                "Peak allocated memory per step (incl. optimizer)",
-            ),
-            "throughput": _bar_figure(
-                summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
-            ),
-            "loss": _loss_figure(runs),
-            "tradeoff": _tradeoff_figure(summary),
-            "memory_saved": _memory_saved_figure(summary, baseline),
-            "phases": _phases_figure(summary),
-            "max_batch": _max_batch_figure(summary),
-            "memory_batch": _memory_batch_figure(summary, searches),
-            "speed_batch": _speed_batch_figure(summary),
-            "windows": _windows_figure(summary),
-        }
-        return [path for name in FIGURE_NAMES for path in _save(figures[name], out_dir, name)]
+    builders = {
+        "memory": lambda: _bar_figure(
+            summary,
+            "peak_allocated_mib",
+            "peak allocated memory (MiB)",
+            "Peak allocated memory per step (incl. optimizer)",
+        ),
+        "throughput": lambda: _bar_figure(
+            summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
+        ),
+        "loss": lambda: _loss_figure(runs),
+        "tradeoff": lambda: _tradeoff_figure(summary),
+        "memory_saved": lambda: _memory_saved_figure(summary, baseline),
+        "phases": lambda: _phases_figure(summary),
+        "max_batch": lambda: _max_batch_figure(summary),
+        "memory_batch": lambda: _memory_batch_figure(summary, searches),
+        "speed_batch": lambda: _speed_batch_figure(summary),
+        "windows": lambda: _windows_figure(summary),
+    }
+    return render_all({name: builders[name] for name in FIGURE_NAMES}, out_dir, processes)

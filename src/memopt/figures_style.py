@@ -3,8 +3,11 @@ plot or an out-of-memory cell is drawn (as a hatched "OOM" mark, never as a zero
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib
 from matplotlib.figure import Figure
 
 from memopt.results import entry_sort_key
@@ -43,6 +46,34 @@ def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
         fig.savefig(path, dpi=150, metadata=SAVE_METADATA[ext], bbox_inches="tight")
         paths.append(path)
     return paths
+
+
+_PENDING: dict[str, Callable[[], Figure]] = {}  # what forked renderers build (render_all)
+
+
+def _render(name: str, out_dir: Path) -> list[Path]:
+    with matplotlib.rc_context(STYLE):
+        return _save(_PENDING[name](), out_dir, name)
+
+
+def render_all(
+    builders: dict[str, Callable[[], Figure]], out_dir: Path, processes: int = 1
+) -> list[Path]:
+    """Build and save every figure (name -> a function that draws it), in order; the paths.
+    Saving is most of the time (the PDFs' font subsetting above all), so with processes > 1 the
+    figures are drawn and saved in forked processes, one figure each (the bytes are the same)."""
+    _PENDING.clear()
+    _PENDING.update(builders)
+    try:
+        n = min(processes, len(builders))
+        if n > 1 and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(n) as pool:
+                done = pool.starmap(_render, [(name, out_dir) for name in builders])
+        else:
+            done = [_render(name, out_dir) for name in builders]
+    finally:
+        _PENDING.clear()
+    return [path for paths in done for path in paths]
 
 
 def _mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> None:

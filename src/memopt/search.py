@@ -6,8 +6,9 @@ least two, so the optimizer state exists). The answer B is proven: B fits and B 
 other error is raised.
 
 Strategy `fit` (the default): peak memory grows almost linearly in the batch, so two small probes
-give peak(B) ~ fixed + per_sample * B; the search tries the predicted boundary, refits on every
-success, walks away from a miss in doubling steps and bisects what is left. Strategy `bisect`:
+give peak(B) ~ fixed + per_sample * B, and a third at a quarter of their guess shortens the
+extrapolation; the search tries the predicted boundary, refits on every success, walks away from
+a miss (one step, then doubling steps) and bisects what is left. Strategy `bisect`:
 plain doubling, then bisection (about 2 log2 B trials), kept for comparison.
 
 Trials run in this process. A fresh process per trial would cost a Python, torch and CUDA start
@@ -80,11 +81,16 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
 
 
 def _linear_fit(ok: dict[int, float]):
-    """(fixed, per_sample) in MiB through the smallest and the largest fitting batch (the widest
-    pair: neighbouring batches differ by less than the allocator's rounding), or None."""
+    """(fixed, per_sample) in MiB through the largest fitting batch and the largest one at most
+    half of it (else the smallest), or None. The pair is wide, since neighbouring batches differ by
+    less than the allocator's rounding, but leaves out the tiniest batches when it can: there a
+    fixed floor (workspaces, the allocator's minimum blocks) is a visible part of the peak, and
+    extrapolated 50x it made the H100's first guess for fp32 with checkpointing 20% too large."""
     if len(ok) < 2:
         return None
-    (b1, p1), (b2, p2) = min(ok.items()), max(ok.items())
+    b2 = max(ok)
+    b1 = max((b for b in ok if 2 * b <= b2), default=min(ok))
+    p1, p2 = ok[b1], ok[b2]
     per_sample = (p2 - p1) / (b2 - b1)
     return (p1 - per_sample * b1, per_sample) if per_sample > 0 else None
 
@@ -107,6 +113,11 @@ def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
     for b in sorted({min(g, cap), min(4 * g, cap)}):  # two probes for the first fit
         if not run(b):
             break
+    fit = _linear_fit(ok)
+    if fit is not None and hi is None:  # a third at a quarter of their guess: a short extrapolation
+        quarter = int((available_mib - fit[0]) / fit[1]) // 4 // g * g
+        if 8 * g <= quarter < cap:
+            run(quarter)
     while lo < cap and (hi is None or hi - lo > g):
         upper = cap if hi is None else hi - g
         fit = _linear_fit(ok)
@@ -122,10 +133,12 @@ def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
         elif hi is None:
             b, up = min(lo + up if fit else 2 * lo, cap), up * 2  # gallop up
         else:
-            # A miss is usually a little above the boundary: walk down from it in doubling
-            # steps (from 2% of the batch), never below the midpoint (worst case: bisection).
-            down = down or max(g, hi // 50 // g * g)
-            b, down = max(hi - down, lo + (hi - lo) // (2 * g) * g), down * 2
+            # A miss is usually a little above the boundary: walk down from it, first one step
+            # (a fresh prediction's miss is mostly off by one), then in doubling steps from 2% of
+            # the batch, never below the midpoint (worst case: bisection).
+            down = down or g
+            b = max(hi - down, lo + (hi - lo) // (2 * g) * g)
+            down = max(2 * down, hi // 50 // g * g)
         if b == guess:
             down = None  # a fresh prediction: a miss restarts the walk with small steps
         guessed = run(b) and b == guess

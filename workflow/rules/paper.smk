@@ -32,6 +32,7 @@ rule figures:
         code=code_files("figures", "figures_style", "figures_batch"),
     params:
         baseline=STUDY["baseline"],
+    threads: 8  # one figure per process (memopt.figures_style.render_all)
     log:
         "logs/figures.log",
     benchmark:

@@ -15,4 +15,5 @@ with logged(sm.log[0]):
         search_paths=[Path(p) for p in sm.input.searches],
         quality_paths=[Path(p) for p in sm.input.quality],
         baseline=sm.params.baseline,
+        processes=sm.threads,
     )
