@@ -284,7 +284,7 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
     summary = _summary(study)
     ok = summary[summary["status"] == "ok"]
     base = ok[(ok["technique"] == "baseline") & (ok["batch_entry"] == "same")].iloc[0]
-    changes = md_table(text, "memory reduction")  # Table 4: every ok non-baseline cell
+    changes = md_table(text, "memory reduction")  # Table 6: every ok non-baseline cell
     assert len(changes) == len(ok[ok["technique"] != "baseline"])
     for row in changes:
         cell = ok[(ok["technique"] == row["technique"]) & (ok["batch_entry"] == row["entry"])]
@@ -293,7 +293,7 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
         assert row["speed-up"] == _f(cell["tokens_per_s"] / base["tokens_per_s"], 2) + "x"
         saved = 100 * (1 - cell["peak_allocated_mib"] / base["peak_allocated_mib"])
         assert row["memory reduction"] == _f(saved, 1) + "%"
-    breakdown = md_table(text, "optimizer state")  # Table 6: the ok cells at `same`
+    breakdown = md_table(text, "optimizer state")  # Table 8: the ok cells at `same`
     same = ok[ok["batch_entry"] == "same"]
     assert [r["technique"] for r in breakdown] == list(same["technique"])
     columns = {
@@ -311,7 +311,7 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
             assert row[header] == _f(cell[column], 0), (header, row)
     exact = md_table(
         text, "within tolerance"
-    )  # Table 3: one function per technique here: references
+    )  # Table 5: one function per technique here: references
     assert [(r["technique"], r["reference"], r["within tolerance"]) for r in exact] == [
         (t, "(itself)", "reference") for t in TECHNIQUES
     ]
@@ -350,7 +350,7 @@ def test_search_table_matches_search_files(study):
 
 
 def test_incremental_effects_table_matches_summary(study, tmp_path):
-    """A study where two techniques differ in one knob (flash -> window 128): Table 5 has that
+    """A study where two techniques differ in one knob (flash -> window 128): Table 7 has that
     pair, with numbers recomputed here from summary.csv."""
     cells = []
     for technique, spec in (("baseline", {}), ("flash", {"window": None, "attention": "flash"})):

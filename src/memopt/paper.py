@@ -260,10 +260,11 @@ def build_context(
             "timed_max": max(timed) if timed else None,
             "at_max": sum(t >= config["measure"]["max_timed_steps"] for t in timed),
         },
-        "retries": [
+        "retries": [  # each run once: a `max` entry that is its `same` run is not listed again
             c
             for c in cells
-            if (c.get("allocator_alloc_retries") or 0) > 0 or (c.get("allocator_ooms") or 0) > 0
+            if not c.get("measured_as")
+            and ((c.get("allocator_alloc_retries") or 0) > 0 or (c.get("allocator_ooms") or 0) > 0)
         ],
         "findings": findings(cells, searches, baseline),
         "quality": quality_table(runs, config["techniques"], baseline),
