@@ -56,6 +56,10 @@ def test_defaults_fill_nested_and_per_technique():
         "checkpointing": "none",
         "checkpoint_every": 2,
         "compile": False,
+        "loss": "standard",
+        "loss_chunk": 4096,
+        "optimizer": "adamw",
+        "optimizer_in_backward": False,
     }
 
 

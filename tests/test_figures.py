@@ -111,3 +111,25 @@ def test_label_groups():
         ((6.0, 49.0), "b"),
     ]
     assert label_groups([], []) == []
+
+
+def test_forked_rendering_keeps_order_and_fails_instead_of_hanging(tmp_path):
+    import os
+    from concurrent.futures.process import BrokenProcessPool
+
+    from matplotlib.figure import Figure
+
+    from memopt.figures_style import render_all
+
+    def ok():
+        fig = Figure()
+        fig.add_subplot().plot([1, 2])
+        return fig
+
+    def crash():
+        os._exit(3)
+
+    paths = render_all({"b": ok, "a": ok}, tmp_path, processes=2)
+    assert [p.name for p in paths] == ["b.pdf", "b.png", "a.pdf", "a.png"]
+    with pytest.raises(BrokenProcessPool):  # a child that dies: an error, not a hang
+        render_all({"a": ok, "dies": crash}, tmp_path, processes=2)

@@ -42,8 +42,9 @@ def in_process(batch: int, steps: int) -> dict:
 
     from memopt.config import load_config_file, validate_config
     from memopt.measure import provenance
+    from memopt.optimizers import make_optimizer
     from memopt.techniques import apply_technique
-    from memopt.train import make_optimizer, train_step
+    from memopt.train import train_step
 
     out = {}
     t0 = time.perf_counter()

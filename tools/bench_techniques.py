@@ -33,6 +33,19 @@ TECHNIQUES = {
     "flash_gradcp": {"precision": "bf16", "attention": "flash", "checkpointing": "full"},
     "flash_selective": {"precision": "bf16", "attention": "flash", "checkpointing": "selective"},
     "flash_compile": {"precision": "bf16", "attention": "flash", "compile": True},
+    "flash_chunked": {"precision": "bf16", "attention": "flash", "loss": "chunked"},
+    "flash_gradcp_chunked": {
+        "precision": "bf16",
+        "attention": "flash",
+        "checkpointing": "full",
+        "loss": "chunked",
+    },
+    "compiled_chunked": {
+        "precision": "bf16",
+        "attention": "flash",
+        "compile": True,
+        "loss": "chunked",
+    },
 }
 # Issue 3's floors on an H100 at batch 16, in model TFLOP/s.
 FLOORS = {"flash": 240.0, "flash_compile": 330.0, "baseline": 30.0}
@@ -43,8 +56,10 @@ def study(args) -> dict:
 
     cfg = load_config_file(ROOT / "config.yaml")
     cfg["device"] = "cuda"
-    cfg["train"]["steps"] = args.warmup + args.steps
-    cfg["measure"]["warmup_steps"] = args.warmup
+    # A fixed number of timed steps (protocol v2 stops adaptively between min and max).
+    cfg["measure"].update(
+        warmup_steps=args.warmup, min_timed_steps=args.steps, max_timed_steps=args.steps
+    )
     cfg["techniques"] = TECHNIQUES
     return validate_config(cfg)
 

@@ -162,6 +162,13 @@ def _check_cross_keys(cfg: dict) -> None:
                 f"techniques.{name}.window: {w} is larger than model.seq_len "
                 f"({m['seq_len']}); allowed: 1..{m['seq_len']}"
             )
+        if spec.get("optimizer_in_backward") and cfg["train"]["grad_clip"]:
+            problems.append(
+                f"techniques.{name}.optimizer_in_backward: true is not allowed with "
+                f"train.grad_clip {cfg['train']['grad_clip']} (global clipping needs every "
+                "gradient at once; in-backward updates free each one as soon as it is complete); "
+                "allowed: optimizer_in_backward false, or train.grad_clip 0 for the whole study"
+            )
         if spec.get("attention") in ("flash", "efficient", "cudnn") and w is not None:
             problems.append(
                 f"techniques.{name}.attention: {spec['attention']!r} (PyTorch SDPA) has no "

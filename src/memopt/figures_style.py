@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -67,8 +68,10 @@ def render_all(
     try:
         n = min(processes, len(builders))
         if n > 1 and "fork" in multiprocessing.get_all_start_methods():
-            with multiprocessing.get_context("fork").Pool(n) as pool:
-                done = pool.starmap(_render, [(name, out_dir) for name in builders])
+            # (an executor, not a Pool: a child that dies raises BrokenProcessPool, never hangs)
+            fork = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(n, mp_context=fork) as pool:
+                done = list(pool.map(_render, builders, [out_dir] * len(builders)))
         else:
             done = [_render(name, out_dir) for name in builders]
     finally:

@@ -1,8 +1,8 @@
 """Which function a technique computes, for the quality runs and the exactness check.
 
 Two techniques compute the same function when they do the same arithmetic on the same inputs:
-the same precision and the same attention pattern (window). The attention kernel, activation
-checkpointing and compilation change how the function is computed (speed, memory), not what it
+the same precision, the same attention pattern (window) and the same optimizer. The attention kernel, activation
+checkpointing, compilation and the loss's chunking change how the function is computed (speed, memory), not what it
 is, so they share one quality run; the exactness check verifies that they do. Torch-free: the
 Snakefile imports it to build the DAG.
 """
@@ -10,13 +10,17 @@ Snakefile imports it to build the DAG.
 from __future__ import annotations
 
 # Knobs that define the function; every other knob only changes how it is computed.
-FUNCTION_KNOBS = ("precision", "window")
+FUNCTION_KNOBS = ("precision", "window", "optimizer")
 
 
 def function_of(spec: dict) -> str:
-    """A short name: the precision, plus the window if any (`bf16`, `bf16_w128`, `fp32`)."""
+    """A short name: the precision, plus the window if any, plus an optimizer other than AdamW
+    (`bf16`, `bf16_w128`, `fp32`, `bf16_adamw8bit`)."""
     name = spec["precision"]
-    return name if spec.get("window") is None else f"{name}_w{spec['window']}"
+    if spec.get("window") is not None:
+        name += f"_w{spec['window']}"
+    optimizer = spec.get("optimizer", "adamw")
+    return name if optimizer == "adamw" else f"{name}_{optimizer}"
 
 
 def functions(techniques: dict[str, dict]) -> dict[str, list[str]]:
@@ -41,6 +45,10 @@ def quality_spec(techniques: dict[str, dict], function: str) -> dict:
         "checkpointing": "none",
         "checkpoint_every": 2,
         "compile": False,
+        "loss": "standard",
+        "loss_chunk": 4096,
+        "optimizer": spec.get("optimizer", "adamw"),
+        "optimizer_in_backward": False,
     }
 
 
@@ -56,6 +64,8 @@ def reference_technique(techniques: dict[str, dict], technique: str) -> str:
             s.get("attention", "math") != "math",
             s.get("checkpointing", "none") != "none",
             bool(s.get("compile", False)),
+            s.get("loss", "standard") != "standard",
+            bool(s.get("optimizer_in_backward", False)),
         )
 
     return min(members, key=lambda n: (plainness(n), members.index(n)))

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import (
 )
 
 from memopt.attention import IMPLEMENTATIONS
+from memopt.losses import chunked_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class ModelConfig:
     window: int | None = None
     checkpointing: str = "none"  # none | full | every_k | selective
     checkpoint_every: int = 2
+    loss: str = "standard"  # standard | chunked (memopt.losses)
+    loss_chunk: int = 4096  # rows whose logits exist at a time, for loss chunked
 
 
 # Selective checkpointing keeps what is expensive to recompute (matmuls, attention) and recomputes
@@ -132,7 +135,10 @@ class Decoder(nn.Module):
                     x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        logits = self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and self.cfg.loss == "chunked":
+            return chunked_cross_entropy(x, self.head.weight, targets, self.cfg.loss_chunk)
+        logits = self.head(x)
         if targets is None:
             return logits
         # No explicit .float(): under BF16 autocast log_softmax reads the 16-bit logits and computes

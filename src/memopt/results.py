@@ -22,6 +22,13 @@ CELL_KEYS = """
     phase_memory memory_breakdown loss_curve error
 """.split()
 SPEC_KEYS = ["precision", "attention", "window", "checkpointing", "checkpoint_every", "compile"]
+# Knobs added later: a cell written before them ran with these values.
+LATER_SPEC_KEYS = {
+    "loss": "standard",
+    "loss_chunk": 4096,
+    "optimizer": "adamw",
+    "optimizer_in_backward": False,
+}
 STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90", "ci95_half", "rel_ci95"]
 ALLOCATOR_KEYS = ["alloc_retries", "ooms", "device_allocs", "device_frees"]
 # Provenance is optional per key (older cells may lack some); copied so the paper can cite it.
@@ -56,6 +63,7 @@ FIGURE_NAMES = (
 SUMMARY_COLUMNS = (
     ["technique", "batch_entry", "batch_size", "status", "measured_as", "function"]
     + SPEC_KEYS
+    + list(LATER_SPEC_KEYS)
     + "kernel kernel_detail device device_name steps warmup_steps timed_steps seq_len".split()
     + ["tokens_per_step"]
     + [f"step_time_ms_{stat}" for stat in STEP_TIME_STATS]
@@ -69,7 +77,8 @@ SUMMARY_COLUMNS = (
 )
 # Integer columns that may hold nulls (batch_size of an oom cell, window): kept as Int64 so the
 # CSV says 8, not 8.0.
-INT_COLUMNS = "batch_size window checkpoint_every steps warmup_steps timed_steps seq_len".split()
+INT_COLUMNS = "batch_size window checkpoint_every loss_chunk steps warmup_steps timed_steps seq_len"
+INT_COLUMNS = INT_COLUMNS.split()
 INT_COLUMNS += ["tokens_per_step"] + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
 
 
@@ -114,6 +123,7 @@ def cell_row(cell: dict) -> dict:
     provenance = cell.get("provenance") or {}
     row = {key: cell[key] for key in ("technique", "batch_entry", "batch_size", "status")}
     row.update({key: cell["spec"][key] for key in SPEC_KEYS})
+    row.update({key: cell["spec"].get(key, value) for key, value in LATER_SPEC_KEYS.items()})
     for key in SUMMARY_COLUMNS:
         if key.startswith("step_time_ms_"):
             row[key] = step_time.get(key.removeprefix("step_time_ms_"))
@@ -210,13 +220,28 @@ KNOB_GROUPS = {
     "attention": ["attention", "window"],
     "checkpointing": ["checkpointing", "checkpoint_every"],
     "compile": ["compile"],
+    "loss": ["loss", "loss_chunk"],
+    "optimizer": ["optimizer", "optimizer_in_backward"],
 }
+
+
+SUBORDINATE_KNOBS = ("checkpoint_every", "loss_chunk")  # named in a change only by their group
+
+
+def _knob(cell: dict, key: str):
+    """A knob's value; a knob added later has its default in rows written before it."""
+    return cell.get(key, LATER_SPEC_KEYS.get(key))
 
 
 def _describe(cell: dict, keys: list[str]) -> str:
     # The kernel that ran says more than the one asked for (`auto`).
-    value = {**cell, "attention": cell.get("kernel") or cell["attention"]}
-    parts = [str(value[k]) for k in keys if value[k] is not None and k != "checkpoint_every"]
+    value = {
+        **{k: _knob(cell, k) for k in LATER_SPEC_KEYS},
+        **cell,
+        "attention": cell.get("kernel") or cell["attention"],
+        "optimizer_in_backward": "in backward" if cell.get("optimizer_in_backward") else None,
+    }
+    parts = [str(value[k]) for k in keys if value[k] is not None and k not in SUBORDINATE_KNOBS]
     if cell.get("window") is not None and "window" in keys:
         parts[-1] = f"window {cell['window']}"
     return " + ".join(parts)
@@ -233,7 +258,11 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
         for name, cell in same.items():
             if order.index(name) <= order.index(base_name):
                 continue
-            groups = [g for g, keys in KNOB_GROUPS.items() if any(cell[k] != base[k] for k in keys)]
+            groups = [
+                g
+                for g, keys in KNOB_GROUPS.items()
+                if any(_knob(cell, k) != _knob(base, k) for k in keys)
+            ]
             if len(groups) != 1:
                 continue
             keys = KNOB_GROUPS[groups[0]]

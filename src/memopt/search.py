@@ -28,7 +28,13 @@ from memopt.data import Batches, TokenData
 from memopt.errors import MemoptError
 from memopt.measure import MIB, TensorMemoryTracker, is_oom
 from memopt.techniques import apply_technique
-from memopt.train import budget_bytes, free_memory, limit_gpu_memory, make_optimizer, train_step
+from memopt.train import (
+    budget_bytes,
+    free_memory,
+    limit_gpu_memory,
+    technique_optimizer,
+    train_step,
+)
 
 
 def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
@@ -38,7 +44,7 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
     fits = True
     try:
         applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
-        opt = make_optimizer(applied.model, train_cfg, device)
+        opt = technique_optimizer(applied, spec, train_cfg, device)
         batches = Batches(data.train, cfg["model"]["seq_len"], batch, train_cfg["seed"], device)
         tracker = (
             TensorMemoryTracker(budget_bytes(cfg, device), list(applied.model.parameters()))
@@ -115,9 +121,9 @@ def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
             break
     fit = _linear_fit(ok)
     if fit is not None and hi is None:  # a third at a quarter of their guess: a short extrapolation
-        quarter = int((available_mib - fit[0]) / fit[1]) // 4 // g * g
-        if 8 * g <= quarter < cap:
-            run(quarter)
+        guess = int((available_mib - fit[0]) / fit[1]) // g * g
+        if 32 * g <= guess <= cap:  # (beyond the cap the cap itself is tried next)
+            run(guess // 4 // g * g)
     while lo < cap and (hi is None or hi - lo > g):
         upper = cap if hi is None else hi - g
         fit = _linear_fit(ok)

@@ -65,6 +65,8 @@ def apply_technique(
         window=spec["window"],
         checkpointing=spec["checkpointing"],
         checkpoint_every=spec["checkpoint_every"],
+        loss=spec.get("loss", "standard"),
+        loss_chunk=spec.get("loss_chunk", 4096),
         **model_cfg,
     )
     set_precision_flags(spec["precision"])
@@ -76,6 +78,7 @@ def apply_technique(
         "precision": spec["precision"],
         "tf32": torch.backends.cuda.matmul.allow_tf32,
         "compile": spec["compile"],
+        "loss": cfg.loss,
     }
     return Applied(model, kernel, autocast_context(spec["precision"], device), record)
 

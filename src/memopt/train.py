@@ -23,6 +23,7 @@ from memopt.attention import kernel_detail, resolve_kernel
 from memopt.config import config_hash, technique_spec
 from memopt.data import Batches, TokenData
 from memopt.functions import function_of
+from memopt.losses import kept_logits_elements
 from memopt.measure import (
     MIB,
     MemoryProbe,
@@ -38,6 +39,7 @@ from memopt.measure import (
     provenance,
     summarize,
 )
+from memopt.optimizers import make_optimizer, state_bytes, tensor_bytes
 from memopt.techniques import Applied, apply_technique, eval_model
 
 
@@ -55,16 +57,15 @@ def limit_gpu_memory(cfg: dict, device: str) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
 
 
-def make_optimizer(model: torch.nn.Module, train_cfg: dict, device: str):
-    # Weight decay on matrices only (not on biases, LayerNorm or position tables' 1-D params).
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": train_cfg["weight_decay"]},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=train_cfg["lr"], betas=(0.9, 0.95), fused=device == "cuda")
+def technique_optimizer(applied: Applied, spec: dict, train_cfg: dict, device: str):
+    """The technique's optimizer (memopt.optimizers) over the applied model."""
+    return make_optimizer(
+        applied.model,
+        train_cfg,
+        device,
+        spec.get("optimizer", "adamw"),
+        spec.get("optimizer_in_backward", False),
+    )
 
 
 def lr_at(step: int, train_cfg: dict) -> float:
@@ -78,7 +79,7 @@ def train_step(
     """One full step: forward, backward, clipping, optimizer. `mark(phase)` is called after each
     phase (for phase memory); it must not synchronize."""
     for group in opt.param_groups:
-        group["lr"] = lr_at(step, train_cfg)
+        group["lr"] = lr_at(step, train_cfg) * group.get("lr_scale", 1.0)
     with applied.autocast:
         loss = applied.model(x, y)
     mark("forward")
@@ -93,7 +94,7 @@ def train_step(
 
 
 def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return sum(tensor_bytes(t) for t in tensors if isinstance(t, torch.Tensor))
 
 
 def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: MemoryProbe):
@@ -113,15 +114,15 @@ def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: Memo
     loss = train_step(applied, opt, x, y, step, cfg["train"], mark)
     params = list(applied.model.parameters())
     logit_bytes = 2 if applied.record["precision"] == "bf16" else 4
+    model_cfg = eval_model(applied).cfg
     breakdown = {
         "weights_mib": _tensor_bytes(params) / MIB,
         "gradients_mib": grads[0] / MIB,
-        "optimizer_state_mib": _tensor_bytes(
-            t for state in opt.state.values() for t in state.values()
-        )
-        / MIB,
+        "optimizer_state_mib": state_bytes(opt) / MIB,
         "activations_mib": phases["after_forward_mib"] - phases["before_step_mib"],
-        "logits_mib": x.numel() * eval_model(applied).cfg.vocab_size * logit_bytes / MIB,
+        "logits_mib": kept_logits_elements(model_cfg.loss, x.numel(), model_cfg.vocab_size)
+        * logit_bytes
+        / MIB,
     }
     return loss, phases, breakdown
 
@@ -138,7 +139,7 @@ def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str
     applied = apply_technique(spec, cfg["model"], data.vocab_size, seed, device)
     applied.model.train()
     torch.manual_seed(seed)  # dropout masks
-    opt = make_optimizer(applied.model, cfg["train"], device)
+    opt = technique_optimizer(applied, spec, cfg["train"], device)
     batches = Batches(data.train, cfg["model"]["seq_len"], batch_size, seed, device)
     return applied, opt, batches
 
