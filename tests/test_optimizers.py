@@ -21,6 +21,7 @@ SPEC = dict(precision="fp32", attention="math", window=None, checkpointing="none
 
 def train(optimizer="adamw", in_backward=False, steps=3, checkpointing="none"):
     spec = dict(SPEC, checkpointing=checkpointing, checkpoint_every=2, compile=False)
+    spec.update(loss="standard", loss_chunk=4096, optimizer=optimizer, optimizer_in_backward=False)
     model_cfg = {k: v for k, v in TINY.items() if k != "vocab_size"}
     applied = apply_technique(spec, model_cfg, TINY["vocab_size"], 5, "cpu")
     opt = make_optimizer(applied.model, TRAIN, "cpu", optimizer, in_backward)

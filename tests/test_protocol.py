@@ -95,6 +95,13 @@ TECHNIQUES = {
 }
 
 
+def _filled(spec: dict) -> dict:
+    """A technique as the workflow runs it: every knob's default filled by the config's schema."""
+    from memopt.config import validate_config
+
+    return validate_config({"techniques": {"t": spec}, "baseline": "t"})["techniques"]["t"]
+
+
 def test_function_grouping():
     groups = functions(TECHNIQUES)
     assert groups == {
@@ -153,8 +160,8 @@ def test_exactness_on_a_real_inexact_kernel(tiny_study, monkeypatch):
 
     cfg, data = tiny_study
     techniques = {
-        "plain": {**TECHNIQUES["baseline"], "checkpoint_every": 2},
-        "ckpt": {**TECHNIQUES["gradcp"], "checkpoint_every": 2},
+        "plain": _filled(TECHNIQUES["baseline"]),
+        "ckpt": _filled(TECHNIQUES["gradcp"]),
     }
     cfg = {
         **cfg,
@@ -196,7 +203,7 @@ def test_cell_records_adaptive_timing_and_allocator_events(tiny_study):
     from memopt.train import run_cell
 
     cfg, data = tiny_study
-    cfg = {**cfg, "techniques": {"plain": {**TECHNIQUES["baseline"], "checkpoint_every": 2}}}
+    cfg = {**cfg, "techniques": {"plain": _filled(TECHNIQUES["baseline"])}}
     cfg["measure"] = {
         **cfg["measure"],
         "min_timed_steps": 3,

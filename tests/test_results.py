@@ -408,6 +408,10 @@ def _spec_cell(t, prec, att, win, ck, tps, mem, entry="same"):
         checkpointing=ck,
         checkpoint_every=2,
         compile=False,
+        loss="standard",
+        loss_chunk=4096,
+        optimizer="adamw",
+        optimizer_in_backward=False,
         tokens_per_s=tps,
         peak_allocated_mib=mem,
     )

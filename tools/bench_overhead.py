@@ -63,6 +63,9 @@ def in_process(batch: int, steps: int) -> dict:
     }
     for name, knobs in specs.items():
         spec = {"window": None, "checkpointing": "none", "checkpoint_every": 2, "compile": False}
+        spec.update(
+            loss="standard", loss_chunk=4096, optimizer="adamw", optimizer_in_backward=False
+        )
         spec.update(knobs)
         torch.cuda.synchronize()
         t0 = time.perf_counter()

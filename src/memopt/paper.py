@@ -188,10 +188,10 @@ def _techniques(cells: list[dict]) -> list[dict]:
                 "checkpointing": c["checkpointing"],
                 "checkpoint_every": c["checkpoint_every"],
                 "compile": bool(c["compile"]),
-                "loss": c.get("loss") or "standard",
-                "loss_chunk": c.get("loss_chunk"),
-                "optimizer": (c.get("optimizer") or "adamw")
-                + (" in backward" if c.get("optimizer_in_backward") else ""),
+                "loss": c["loss"],
+                "loss_chunk": c["loss_chunk"],
+                "optimizer": c["optimizer"]
+                + (" in backward" if c["optimizer_in_backward"] else ""),
                 "kernels": [],
             },
         )

@@ -228,15 +228,9 @@ KNOB_GROUPS = {
 SUBORDINATE_KNOBS = ("checkpoint_every", "loss_chunk")  # named in a change only by their group
 
 
-def _knob(cell: dict, key: str):
-    """A knob's value; a knob added later has its default in rows written before it."""
-    return cell.get(key, LATER_SPEC_KEYS.get(key))
-
-
 def _describe(cell: dict, keys: list[str]) -> str:
     # The kernel that ran says more than the one asked for (`auto`).
     value = {
-        **{k: _knob(cell, k) for k in LATER_SPEC_KEYS},
         **cell,
         "attention": cell.get("kernel") or cell["attention"],
         "optimizer_in_backward": "in backward" if cell.get("optimizer_in_backward") else None,
@@ -258,11 +252,7 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
         for name, cell in same.items():
             if order.index(name) <= order.index(base_name):
                 continue
-            groups = [
-                g
-                for g, keys in KNOB_GROUPS.items()
-                if any(_knob(cell, k) != _knob(base, k) for k in keys)
-            ]
+            groups = [g for g, keys in KNOB_GROUPS.items() if any(cell[k] != base[k] for k in keys)]
             if len(groups) != 1:
                 continue
             keys = KNOB_GROUPS[groups[0]]

@@ -65,8 +65,8 @@ def apply_technique(
         window=spec["window"],
         checkpointing=spec["checkpointing"],
         checkpoint_every=spec["checkpoint_every"],
-        loss=spec.get("loss", "standard"),
-        loss_chunk=spec.get("loss_chunk", 4096),
+        loss=spec["loss"],
+        loss_chunk=spec["loss_chunk"],
         **model_cfg,
     )
     set_precision_flags(spec["precision"])

@@ -60,11 +60,7 @@ def limit_gpu_memory(cfg: dict, device: str) -> None:
 def technique_optimizer(applied: Applied, spec: dict, train_cfg: dict, device: str):
     """The technique's optimizer (memopt.optimizers) over the applied model."""
     return make_optimizer(
-        applied.model,
-        train_cfg,
-        device,
-        spec.get("optimizer", "adamw"),
-        spec.get("optimizer_in_backward", False),
+        applied.model, train_cfg, device, spec["optimizer"], spec["optimizer_in_backward"]
     )
 
 
