@@ -14,8 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-LOSSES = ("standard", "chunked")
-
 
 def _chunk_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(F.linear(h, weight), targets, reduction="sum").float()

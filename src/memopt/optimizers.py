@@ -28,7 +28,6 @@ import torch
 
 from memopt.errors import KernelUnavailable
 
-OPTIMIZERS = ("adamw", "adamw8bit", "adamw4bit", "adafactor", "sgd")
 BETAS = (0.9, 0.95)
 ADAFACTOR_LR_SCALE = 20.0  # a group's lr_scale: the training step sets lr = schedule x lr_scale
 
