@@ -40,7 +40,17 @@ def test_default_study_matches_the_issue():
         "local256",
         "gradcp",
         "flash_gradcp",
+        # Issue 12: the logits, the optimizer state, offloading, compilation.
+        "flash_gradcp_chunked",
+        "offload",
+        "compiled",
+        "adamw8bit",
     }
+    assert cfg["techniques"]["flash_gradcp_chunked"]["loss"] == "chunked"
+    assert cfg["techniques"]["offload"]["offload"] == "activations"
+    assert cfg["techniques"]["offload"]["checkpointing"] == "full"  # only checkpoints go to host
+    assert cfg["techniques"]["compiled"]["compile"] is True
+    assert cfg["techniques"]["adamw8bit"]["optimizer"] == "adamw8bit"
     assert cfg["techniques"]["local128"]["window"] == 128
     assert cfg["batch_sizes"] == ["same", "max"]
 
@@ -60,6 +70,9 @@ def test_defaults_fill_nested_and_per_technique():
         "loss_chunk": 4096,
         "optimizer": "adamw",
         "optimizer_in_backward": False,
+        "offload": "none",
+        "compile_memory_budget": None,
+        "grad_accum": 1,
     }
 
 
@@ -71,8 +84,8 @@ def test_defaults_fill_nested_and_per_technique():
             ["unknown key 'precison'", "techniques.baseline", "allowed:", "precision"],
         ),
         (
-            {"techniques": {"baseline": {"precision": "fp8"}}},
-            ["techniques.baseline.precision", "'fp8'", "'bf16'"],
+            {"techniques": {"baseline": {"precision": "fp4"}}},
+            ["techniques.baseline.precision", "'fp4'", "'bf16'"],
         ),
         (
             {"techniques": {"baseline": {"window": 4096}}},

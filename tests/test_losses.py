@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memopt.config import ConfigError, validate_config
+from memopt.config import ConfigError, full_spec, validate_config
 from memopt.losses import chunked_cross_entropy
 from memopt.measure import TensorMemoryTracker
 from memopt.model import ModelConfig, build_model
@@ -67,9 +67,7 @@ def test_loss_knob_is_validated_and_named_in_a_change():
         validate_config({"techniques": {"t": {"loss": "fused"}}})
     with pytest.raises(ConfigError, match="loss_chunk"):
         validate_config({"techniques": {"t": {"loss": "chunked", "loss_chunk": 0}}})
-    knobs = dict(precision="bf16", attention="flash", window=None, checkpointing="none")
-    base = dict(knobs, checkpoint_every=2, compile=False, loss="standard", loss_chunk=4096)
-    base.update(optimizer="adamw", optimizer_in_backward=False)
+    base = full_spec({"precision": "bf16", "attention": "flash"})
     cells = [
         dict(base, technique="flash", kernel="flash", batch_entry="same", status="ok"),
         dict(base, technique="flash_chunked", kernel="flash", batch_entry="same", status="ok"),

@@ -412,6 +412,9 @@ def _spec_cell(t, prec, att, win, ck, tps, mem, entry="same"):
         loss_chunk=4096,
         optimizer="adamw",
         optimizer_in_backward=False,
+        offload="none",
+        compile_memory_budget=None,
+        grad_accum=1,
         tokens_per_s=tps,
         peak_allocated_mib=mem,
     )

@@ -40,7 +40,7 @@ def in_process(batch: int, steps: int) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     import torch
 
-    from memopt.config import load_config_file, validate_config
+    from memopt.config import full_spec, load_config_file, validate_config
     from memopt.measure import provenance
     from memopt.optimizers import make_optimizer
     from memopt.techniques import apply_technique
@@ -62,11 +62,7 @@ def in_process(batch: int, steps: int) -> dict:
         "bf16 flex w128": {"precision": "bf16", "attention": "flex", "window": 128},
     }
     for name, knobs in specs.items():
-        spec = {"window": None, "checkpointing": "none", "checkpoint_every": 2, "compile": False}
-        spec.update(
-            loss="standard", loss_chunk=4096, optimizer="adamw", optimizer_in_backward=False
-        )
-        spec.update(knobs)
+        spec = full_spec(knobs)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         applied = apply_technique(spec, cfg["model"], 32000, 1234, "cuda")

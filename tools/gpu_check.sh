@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU verification: the GPU test suite (tests), the technique benchmark of the default model at
-# batch 16 (bench), the batch-size search benchmark and checks (search), the smoke study end to
+# GPU verification: the GPU test suite (tests; GPU_TESTS picks files), the technique benchmark of
+# the default model (bench; BENCH_ARGS picks techniques and batches, default all at batch 16), the batch-size search benchmark and checks (search), the smoke study end to
 # end on CUDA through Snakemake (smoke).
 # Everything worth keeping goes under $OUT (the device tool brings it back).
 #
@@ -25,11 +25,12 @@ cat "$OUT/device.txt"
 stages=${*:-tests bench search smoke}
 if [[ " $stages " == *" tests "* ]]; then
   echo "== pytest -m gpu"
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt"
+  python3 -m pytest -m gpu -q -p no:cacheprovider -rs ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/pytest-gpu.txt"
 fi
 if [[ " $stages " == *" bench "* ]]; then
   echo "== technique benchmark"
-  python3 tools/bench_techniques.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+  # BENCH_ARGS, e.g. "--only flash compiled_chunked --batch 16 64 max" (default: all at 16)
+  python3 tools/bench_techniques.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
   tar czf "$OUT/bench.tar.gz" -C "$OUT" bench && rm -rf "$OUT/bench"
 fi
 if [[ " $stages " == *" search "* ]]; then

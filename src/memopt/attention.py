@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from memopt.errors import KernelUnavailable
+from memopt.precision import is_16bit
 
 KERNELS = ("math", "flash", "efficient", "cudnn", "flex", "flash_attn")
 
@@ -178,11 +179,11 @@ def resolve_kernel(requested: str, window: int | None, device: str, precision: s
     if requested == "auto":
         if device != "cuda":
             return "math" if window is not None else "flash"
-        if flash_attn_impl() is not None and precision == "bf16":
+        if flash_attn_impl() is not None and is_16bit(precision):
             return "flash_attn"
         if window is not None:
             return "flex"
-        if precision != "bf16":
+        if not is_16bit(precision):
             return "efficient"
         return "cudnn" if _cudnn_attention_preferred() else "flash"
     if requested not in IMPLEMENTATIONS:

@@ -156,24 +156,7 @@ def _check_cross_keys(cfg: dict) -> None:
             f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
         )
     for name, spec in cfg["techniques"].items():
-        w = spec.get("window")
-        if w is not None and w > m["seq_len"]:
-            problems.append(
-                f"techniques.{name}.window: {w} is larger than model.seq_len "
-                f"({m['seq_len']}); allowed: 1..{m['seq_len']}"
-            )
-        if spec.get("optimizer_in_backward") and cfg["train"]["grad_clip"]:
-            problems.append(
-                f"techniques.{name}.optimizer_in_backward: true is not allowed with "
-                f"train.grad_clip {cfg['train']['grad_clip']} (global clipping needs every "
-                "gradient at once; in-backward updates free each one as soon as it is complete); "
-                "allowed: optimizer_in_backward false, or train.grad_clip 0 for the whole study"
-            )
-        if spec.get("attention") in ("flash", "efficient", "cudnn") and w is not None:
-            problems.append(
-                f"techniques.{name}.attention: {spec['attention']!r} (PyTorch SDPA) has no "
-                f"sliding window (window {w}); allowed with a window: math, flex, flash_attn, auto"
-            )
+        problems += _technique_problems(f"techniques.{name}", spec, cfg)
     if cfg["baseline"] not in cfg["techniques"]:
         problems.append(
             f"baseline: {cfg['baseline']!r} is not a technique; allowed: "
@@ -194,6 +177,78 @@ def _check_cross_keys(cfg: dict) -> None:
         )
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+# Knob values that need a CUDA GPU, with what a CPU allows instead.
+_GPU_ONLY = {
+    ("precision", "fp8"): "FP8 tensor cores are a GPU's; allowed on a CPU: fp32, tf32, bf16, fp16",
+    ("offload", "activations"): "it moves saved activations from GPU to host memory, where a "
+    "CPU run keeps them already; allowed on a CPU: none",
+    ("loss", "liger"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
+    ("loss", "cce"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
+}
+
+
+def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
+    """Knob combinations that cannot work, each named with both keys and why."""
+    problems, w = [], spec.get("window")
+    seq_len = cfg["model"]["seq_len"]
+    if w is not None and w > seq_len:
+        problems.append(
+            f"{key}.window: {w} is larger than model.seq_len ({seq_len}); allowed: 1..{seq_len}"
+        )
+    if spec["attention"] in ("flash", "efficient", "cudnn") and w is not None:
+        problems.append(
+            f"{key}.attention: {spec['attention']!r} (PyTorch SDPA) has no sliding window "
+            f"(window {w}); allowed with a window: math, flex, flash_attn, auto"
+        )
+    # In-backward updates run as soon as each gradient is complete: nothing may need all of them.
+    clashes = [
+        (cfg["train"]["grad_clip"] > 0, "train.grad_clip", cfg["train"]["grad_clip"],
+         "global clipping needs every gradient at once", "train.grad_clip 0 for the whole study"),
+        (spec["grad_accum"] > 1, f"{key}.grad_accum", spec["grad_accum"],
+         "every micro-batch would update the weights", "grad_accum 1"),
+        (spec["precision"] == "fp16", f"{key}.precision", "fp16",
+         "loss scaling unscales and checks every gradient before any update",
+         "precision fp32, tf32, bf16 or fp8"),
+    ]  # fmt: skip
+    for clash, other, value, reason, allowed in clashes:
+        if spec["optimizer_in_backward"] and clash:
+            problems.append(
+                f"{key}.optimizer_in_backward: true is not allowed with {other} {value!r} "
+                f"({reason}; in-backward updates free each gradient as soon as it is "
+                f"complete); allowed: optimizer_in_backward false, or {allowed}"
+            )
+    budget = spec["compile_memory_budget"]
+    if budget is not None and not spec["compile"]:
+        problems.append(
+            f"{key}.compile_memory_budget: {budget} needs {key}.compile true (it is "
+            "torch.compile's activation budget); allowed: compile true, or "
+            "compile_memory_budget null"
+        )
+    if spec["grad_accum"] > cfg["exactness"]["batch"]:
+        problems.append(
+            f"{key}.grad_accum: {spec['grad_accum']} is larger than exactness.batch "
+            f"({cfg['exactness']['batch']}), which its exactness run splits into grad_accum "
+            f"micro-batches; allowed: 1..{cfg['exactness']['batch']}, or a larger "
+            "exactness.batch"
+        )
+    if cfg["device"] == "cpu":
+        for knob in ("precision", "offload", "loss"):
+            value = spec[knob]
+            if (knob, value) in _GPU_ONLY:
+                problems.append(
+                    f"{key}.{knob}: {value!r} is not allowed with device 'cpu' "
+                    f"({_GPU_ONLY[knob, value]})"
+                )
+    return problems
+
+
+def full_spec(knobs: dict, **config) -> dict:
+    """One technique's knobs with every default filled and checked by the schema, as the
+    workflow runs it (for scripts and tests); `config` adds other top-level keys (e.g. device)."""
+    cfg = validate_config({"techniques": {"t": knobs}, "baseline": "t", **config})
+    return cfg["techniques"]["t"]
 
 
 def technique_spec(cfg: dict, name: str) -> dict:

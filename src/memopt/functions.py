@@ -1,10 +1,11 @@
 """Which function a technique computes, for the quality runs and the exactness check.
 
 Two techniques compute the same function when they do the same arithmetic on the same inputs:
-the same precision, the same attention pattern (window) and the same optimizer. The attention kernel, activation
-checkpointing, compilation and the loss's chunking change how the function is computed (speed, memory), not what it
-is, so they share one quality run; the exactness check verifies that they do. Torch-free: the
-Snakefile imports it to build the DAG.
+the same precision, the same attention pattern (window) and the same optimizer. The attention
+kernel, activation checkpointing, compilation (and its memory budget), the loss's kernel,
+in-backward updates, offloading and gradient accumulation change how the function is computed
+(speed, memory), not what it is, so they share one quality run; the exactness check verifies that
+they do. Torch-free: the Snakefile imports it to build the DAG.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def quality_spec(techniques: dict[str, dict], function: str) -> dict:
         "loss_chunk": 4096,
         "optimizer": spec.get("optimizer", "adamw"),
         "optimizer_in_backward": False,
+        "offload": "none",
+        "compile_memory_budget": None,
+        "grad_accum": 1,
     }
 
 
@@ -66,6 +70,8 @@ def reference_technique(techniques: dict[str, dict], technique: str) -> str:
             bool(s.get("compile", False)),
             s.get("loss", "standard") != "standard",
             bool(s.get("optimizer_in_backward", False)),
+            s.get("offload", "none") != "none",
+            s.get("grad_accum", 1) > 1,
         )
 
     return min(members, key=lambda n: (plainness(n), members.index(n)))

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import (
 )
 
 from memopt.attention import IMPLEMENTATIONS
-from memopt.losses import chunked_cross_entropy
+from memopt.losses import output_loss
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class ModelConfig:
     window: int | None = None
     checkpointing: str = "none"  # none | full | every_k | selective
     checkpoint_every: int = 2
-    loss: str = "standard"  # standard | chunked (memopt.losses)
+    loss: str = "standard"  # standard | chunked | liger | cce (memopt.losses)
     loss_chunk: int = 4096  # rows whose logits exist at a time, for loss chunked
 
 
@@ -136,8 +136,8 @@ class Decoder(nn.Module):
             else:
                 x = block(x)
         x = self.ln_f(x)
-        if targets is not None and self.cfg.loss == "chunked":
-            return chunked_cross_entropy(x, self.head.weight, targets, self.cfg.loss_chunk)
+        if targets is not None and self.cfg.loss != "standard":
+            return output_loss(self.cfg.loss, x, self.head.weight, targets, self.cfg.loss_chunk)
         logits = self.head(x)
         if targets is None:
             return logits

@@ -2,7 +2,7 @@
 
 - adamw: torch.optim.AdamW, betas (0.9, 0.95), fused on CUDA: the study's default. Two FP32 state
   tensors (the moments) per parameter.
-- adamw8bit / adamw4bit: torchao.optim.AdamW8bit / AdamW4bit (the optional extra `ao`): the moments
+- adamw8bit / adamw4bit: torchao.optim.AdamW8bit / AdamW4bit (torchao, a dependency: the default study uses 8-bit AdamW): the moments
   block-wise quantized to 8 or 4 bits. A different arithmetic, so a function of its own
   (memopt.functions).
 - adafactor: torch.optim.Adafactor: the second moment factored into row and column statistics of
@@ -45,7 +45,8 @@ def _build(name: str, groups: list[dict], lr: float, device: str) -> torch.optim
     except ImportError as err:
         raise KernelUnavailable(
             f"optimizer {name!r} needs torchao's low-bit AdamW, and torchao is not installed "
-            f"(pip install -e '.[ao]'); allowed without it: adamw, adafactor, sgd"
+            f"(pip install torchao, or pip install -e . in this repository); allowed without "
+            "it: adamw, adafactor, sgd"
         ) from err
     return (AdamW8bit if name == "adamw8bit" else AdamW4bit)(groups, lr=lr, betas=BETAS)
 

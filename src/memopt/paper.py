@@ -174,6 +174,18 @@ def _provenance(cells: list[dict]) -> dict:
     }
 
 
+def _other_knobs(c: dict) -> str:
+    """The knobs the technique table has no column for, where they are not at their default."""
+    parts = []
+    if c["offload"] != "none":
+        parts.append(f"offload {c['offload']}")
+    if c["grad_accum"] > 1:
+        parts.append(f"{c['grad_accum']} micro-batches per step")
+    if c["compile_memory_budget"] is not None:
+        parts.append(f"compile memory budget {c['compile_memory_budget']}")
+    return "; ".join(parts)
+
+
 def _techniques(cells: list[dict]) -> list[dict]:
     """One entry per technique with its knobs and the attention kernels that actually ran."""
     out = {}
@@ -192,6 +204,8 @@ def _techniques(cells: list[dict]) -> list[dict]:
                 "loss_chunk": c["loss_chunk"],
                 "optimizer": c["optimizer"]
                 + (" in backward" if c["optimizer_in_backward"] else ""),
+                "grad_accum": c["grad_accum"],
+                "other": _other_knobs(c),
                 "kernels": [],
             },
         )

@@ -23,7 +23,8 @@ from memopt.data import TokenData, eval_sequences
 from memopt.functions import function_of, quality_spec
 from memopt.measure import device_name, is_oom, provenance
 from memopt.model import SelfAttention
-from memopt.techniques import eval_model, set_precision_flags
+from memopt.precision import set_precision_flags
+from memopt.techniques import eval_model
 from memopt.train import free_memory, limit_gpu_memory, prepare, train_step
 
 

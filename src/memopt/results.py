@@ -28,6 +28,9 @@ LATER_SPEC_KEYS = {
     "loss_chunk": 4096,
     "optimizer": "adamw",
     "optimizer_in_backward": False,
+    "offload": "none",
+    "compile_memory_budget": None,
+    "grad_accum": 1,
 }
 STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90", "ci95_half", "rel_ci95"]
 ALLOCATOR_KEYS = ["alloc_retries", "ooms", "device_allocs", "device_frees"]
@@ -41,7 +44,7 @@ PHASE_KEYS = [
     for phase in ("forward", "backward", "optimizer")
     for when in ("after", "peak")
 ]
-BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits".split()
+BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits offloaded".split()
 STATUSES = ("ok", "oom")
 # The paper's figures (memopt.figures writes each as .pdf and .png; the workflow and the paper
 # name them from here).
@@ -61,7 +64,8 @@ FIGURE_NAMES = (
 
 # Column order of summary.csv: identity, spec, setup, timing, memory, quality, provenance.
 SUMMARY_COLUMNS = (
-    ["technique", "batch_entry", "batch_size", "status", "measured_as", "function"]
+    ["technique", "batch_entry", "batch_size", "effective_batch", "status", "measured_as"]
+    + ["function"]
     + SPEC_KEYS
     + list(LATER_SPEC_KEYS)
     + "kernel kernel_detail device device_name steps warmup_steps timed_steps seq_len".split()
@@ -77,7 +81,8 @@ SUMMARY_COLUMNS = (
 )
 # Integer columns that may hold nulls (batch_size of an oom cell, window): kept as Int64 so the
 # CSV says 8, not 8.0.
-INT_COLUMNS = "batch_size window checkpoint_every loss_chunk steps warmup_steps timed_steps seq_len"
+INT_COLUMNS = "batch_size effective_batch window checkpoint_every loss_chunk grad_accum steps"
+INT_COLUMNS += " warmup_steps timed_steps seq_len"
 INT_COLUMNS = INT_COLUMNS.split()
 INT_COLUMNS += ["tokens_per_step"] + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
 
@@ -137,6 +142,9 @@ def cell_row(cell: dict) -> dict:
             row[key] = (cell["memory_breakdown"] or {}).get(key)
         elif key == "measured_as":  # set only where one run serves two entries (alias_cell)
             row[key] = cell.get(key)
+        elif key == "effective_batch":  # micro-batch x grad_accum (older cells: the batch)
+            b = cell["batch_size"]
+            row[key] = cell.get(key, None if b is None else b * row["grad_accum"])
         elif key not in row:
             row[key] = cell[key]
     row["batch_entry"] = str(row["batch_entry"])  # "8" and 8 name the same entry
@@ -219,9 +227,11 @@ KNOB_GROUPS = {
     "precision": ["precision"],
     "attention": ["attention", "window"],
     "checkpointing": ["checkpointing", "checkpoint_every"],
-    "compile": ["compile"],
+    "compile": ["compile", "compile_memory_budget"],
     "loss": ["loss", "loss_chunk"],
     "optimizer": ["optimizer", "optimizer_in_backward"],
+    "offload": ["offload"],
+    "grad_accum": ["grad_accum"],
 }
 
 
@@ -234,6 +244,12 @@ def _describe(cell: dict, keys: list[str]) -> str:
         **cell,
         "attention": cell.get("kernel") or cell["attention"],
         "optimizer_in_backward": "in backward" if cell.get("optimizer_in_backward") else None,
+        "compile": "compile" if cell.get("compile") else "no compile",
+        "compile_memory_budget": None
+        if cell.get("compile_memory_budget") is None
+        else f"memory budget {cell['compile_memory_budget']}",
+        "offload": f"offload {cell.get('offload')}",
+        "grad_accum": f"{cell.get('grad_accum')} micro-batches",
     }
     parts = [str(value[k]) for k in keys if value[k] is not None and k not in SUBORDINATE_KNOBS]
     if cell.get("window") is not None and "window" in keys:

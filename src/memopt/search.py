@@ -45,7 +45,9 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
     try:
         applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
         opt = technique_optimizer(applied, spec, train_cfg, device)
-        batches = Batches(data.train, cfg["model"]["seq_len"], batch, train_cfg["seed"], device)
+        # `batch` is the micro-batch: a step trains grad_accum of them.
+        sequences = batch * spec["grad_accum"]
+        batches = Batches(data.train, cfg["model"]["seq_len"], sequences, train_cfg["seed"], device)
         tracker = (
             TensorMemoryTracker(budget_bytes(cfg, device), list(applied.model.parameters()))
             if device == "cpu"

@@ -13,7 +13,15 @@ import torch
 
 from memopt.attention import resolve_kernel
 from memopt.errors import MemoptError
+from memopt.losses import check_loss
 from memopt.model import Decoder, ModelConfig, build_model
+from memopt.precision import (
+    autocast_context,
+    check_fp8,
+    convert_fp8,
+    grad_scaler,
+    set_precision_flags,
+)
 
 
 def resolve_device(requested: str) -> str:
@@ -34,31 +42,33 @@ def resolve_device(requested: str) -> str:
 
 @dataclass
 class Applied:
-    """A technique applied: the model to train, the autocast context, and what ran."""
+    """A technique applied: the model to train, how its step runs (autocast, loss scaling,
+    micro-batches, where saved activations live), and what ran."""
 
     model: torch.nn.Module
     kernel: str
     autocast: contextlib.AbstractContextManager
     record: dict
+    scaler: torch.amp.GradScaler | None = None
+    grad_accum: int = 1
+    offload: str = "none"
+    offloaded: object = None  # the last forward pass's memopt.offload.OffloadedBytes
 
 
-def set_precision_flags(precision: str) -> None:
-    # fp32 means true FP32 matmuls: TF32 must be off explicitly (it is a global switch).
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
-def autocast_context(precision: str, device: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def set_compile_memory_budget(budget: float | None) -> None:
+    """torch.compile's activation memory budget (min-cut recomputation; 1.0 = torch's default,
+    save what is cheapest to save). A global of torch's, read when a graph is compiled: set for
+    every compiled technique, so one technique's budget never leaks into the next job."""
+    torch._functorch.config.activation_memory_budget = 1.0 if budget is None else budget
 
 
 def apply_technique(
     spec: dict, model_cfg: dict, vocab_size: int, seed: int, device: str
 ) -> Applied:
     kernel = resolve_kernel(spec["attention"], spec["window"], device, spec["precision"])
+    check_loss(spec["loss"], device)
+    if spec["precision"] == "fp8":
+        check_fp8(device)
     cfg = ModelConfig(
         vocab_size=vocab_size,
         attention=kernel,
@@ -71,16 +81,31 @@ def apply_technique(
     )
     set_precision_flags(spec["precision"])
     model: torch.nn.Module = build_model(cfg, seed, device)
+    fp8_layers = convert_fp8(model, device) if spec["precision"] == "fp8" else 0
     if spec["compile"]:
+        set_compile_memory_budget(spec["compile_memory_budget"])
         model = torch.compile(model)
     record = {
         "kernel": kernel,
         "precision": spec["precision"],
         "tf32": torch.backends.cuda.matmul.allow_tf32,
         "compile": spec["compile"],
+        "compile_memory_budget": spec["compile_memory_budget"],
         "loss": cfg.loss,
+        "loss_scaling": spec["precision"] == "fp16",
+        "fp8_linear_layers": fp8_layers,
+        "grad_accum": spec["grad_accum"],
+        "offload": spec["offload"],
     }
-    return Applied(model, kernel, autocast_context(spec["precision"], device), record)
+    return Applied(
+        model,
+        kernel,
+        autocast_context(spec["precision"], device),
+        record,
+        scaler=grad_scaler(spec["precision"], device),
+        grad_accum=spec["grad_accum"],
+        offload=spec["offload"],
+    )
 
 
 def eval_model(applied: Applied) -> Decoder:

@@ -39,7 +39,9 @@ from memopt.measure import (
     provenance,
     summarize,
 )
+from memopt.offload import OffloadedBytes, offload_context
 from memopt.optimizers import make_optimizer, state_bytes, tensor_bytes
+from memopt.precision import activation_bytes
 from memopt.techniques import Applied, apply_technique, eval_model
 
 
@@ -72,21 +74,43 @@ def lr_at(step: int, train_cfg: dict) -> float:
 def train_step(
     applied: Applied, opt, x, y, step: int, train_cfg: dict, mark=lambda phase: None
 ) -> torch.Tensor:
-    """One full step: forward, backward, clipping, optimizer. `mark(phase)` is called after each
-    phase (for phase memory); it must not synchronize."""
+    """One optimizer step over the sequences `x`, `y`: forward and backward in
+    `applied.grad_accum` micro-batches (each loss weighted by its share of the sequences, so the
+    gradient is that of the whole batch), clipping, optimizer. Under FP16 the loss is scaled and
+    the gradients unscaled before clipping (memopt.precision). `mark(phase)` is called after each
+    phase (for phase memory: with micro-batches, `forward` is the first one's forward pass and
+    `backward` all that follows it); it must not synchronize. Returns the batch's mean loss."""
     for group in opt.param_groups:
-        group["lr"] = lr_at(step, train_cfg) * group.get("lr_scale", 1.0)
-    with applied.autocast:
-        loss = applied.model(x, y)
-    mark("forward")
-    loss.backward()
+        lr = lr_at(step, train_cfg) * group.get("lr_scale", 1.0)
+        if isinstance(group["lr"], torch.Tensor):  # torchao's low-bit AdamW keeps it a tensor
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+    scaler, k = applied.scaler, applied.grad_accum
+    total = None
+    for i, (xi, yi) in enumerate(zip(x.tensor_split(k), y.tensor_split(k))):
+        applied.offloaded = OffloadedBytes() if applied.offload != "none" else None
+        with applied.autocast, offload_context(applied.offload, applied.offloaded):
+            loss = applied.model(xi, yi)
+        if i == 0:
+            mark("forward")
+        if k > 1:
+            loss = loss * (xi.size(0) / x.size(0))
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
     mark("backward")
     if train_cfg["grad_clip"]:
+        if scaler is not None:
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(applied.model.parameters(), train_cfg["grad_clip"])
-    opt.step()
+    if scaler is not None:
+        scaler.step(opt)  # skipped when the gradients overflowed
+        scaler.update()
+    else:
+        opt.step()
     mark("optimizer")
     opt.zero_grad(set_to_none=True)
-    return loss.detach()
+    return total
 
 
 def _tensor_bytes(tensors) -> int:
@@ -109,15 +133,17 @@ def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: Memo
 
     loss = train_step(applied, opt, x, y, step, cfg["train"], mark)
     params = list(applied.model.parameters())
-    logit_bytes = 2 if applied.record["precision"] == "bf16" else 4
     model_cfg = eval_model(applied).cfg
+    micro_tokens = -(-x.size(0) // applied.grad_accum) * x.size(1)  # the first micro-batch
     breakdown = {
         "weights_mib": _tensor_bytes(params) / MIB,
         "gradients_mib": grads[0] / MIB,
         "optimizer_state_mib": state_bytes(opt) / MIB,
         "activations_mib": phases["after_forward_mib"] - phases["before_step_mib"],
-        "logits_mib": kept_logits_elements(model_cfg.loss, x.numel(), model_cfg.vocab_size)
-        * logit_bytes
+        # In pinned host memory instead (offload: activations), for one micro-batch.
+        "offloaded_mib": applied.offloaded.bytes / MIB if applied.offloaded else 0.0,
+        "logits_mib": kept_logits_elements(model_cfg.loss, micro_tokens, model_cfg.vocab_size)
+        * activation_bytes(applied.record["precision"])
         / MIB,
     }
     return loss, phases, breakdown
@@ -131,7 +157,8 @@ def free_memory(device: str) -> None:
 
 def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str, seed: int):
     """The technique applied to a freshly initialized model, its optimizer and its batches, all
-    from `seed`: the same weights, batches and dropout masks for every technique."""
+    from `seed`: the same weights, batches and dropout masks for every technique. `batch_size`
+    is the sequences of one optimizer step (a technique with grad_accum k splits them in k)."""
     applied = apply_technique(spec, cfg["model"], data.vocab_size, seed, device)
     applied.model.train()
     torch.manual_seed(seed)  # dropout masks
@@ -143,7 +170,8 @@ def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str
 def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=None) -> dict:
     train_cfg, measure_cfg = cfg["train"], cfg["measure"]
     warmup = measure_cfg["warmup_steps"]
-    applied, opt, batches = prepare(cfg, spec, data, batch_size, device, train_cfg["seed"])
+    k = spec["grad_accum"]  # the batch is the micro-batch: a step trains k of them
+    applied, opt, batches = prepare(cfg, spec, data, batch_size * k, device, train_cfg["seed"])
     losses, timer = [], StepTimer(device)
     tracker = (
         TensorMemoryTracker(budget_bytes(cfg, device), existing=list(applied.model.parameters()))
@@ -198,10 +226,12 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     del opt
     loss_curve = torch.stack(losses).float().tolist()
     stats = summarize(times)
-    tokens_per_step = batch_size * cfg["model"]["seq_len"]
+    tokens_per_step = batch_size * k * cfg["model"]["seq_len"]
     tokens_per_s = tokens_per_step / (stats["mean"] / 1e3)
     flops = flops_per_token(cfg["model"], data.vocab_size, spec["window"]) * tokens_per_s
-    peak_flops = peak_bf16_flops(device_name(device)) if device == "cuda" else None
+    # No MFU for FP8: its peak would be a mix of FP8 and BF16 peaks (memopt.precision).
+    fp8 = spec["precision"] == "fp8"
+    peak_flops = peak_bf16_flops(device_name(device)) if device == "cuda" and not fp8 else None
     return {
         "status": "ok",
         "kernel": applied.kernel,
@@ -269,6 +299,8 @@ def run_cell(
         "technique": technique,
         "batch_entry": str(batch_entry),
         "batch_size": batch_size,
+        # The batch entry is the micro-batch; an optimizer step trains grad_accum of them.
+        "effective_batch": batch_size * spec["grad_accum"],
         "spec": spec,
         "function": function_of(spec),
         "device": device,

@@ -1,0 +1,266 @@
+"""The offload, grad_accum, compile_memory_budget and precision (fp16, fp8) knobs, the liger/cce
+adapters (with stand-ins for their packages), and the refusal of every impossible combination
+before any training."""
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memopt.config import ConfigError, full_spec, validate_config
+from memopt.errors import KernelUnavailable
+from memopt.losses import check_loss, output_loss
+from memopt.offload import OffloadedBytes, offload_context
+from memopt.precision import check_fp8
+from memopt.techniques import apply_technique
+from memopt.train import technique_optimizer, train_step
+
+TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, seq_len=16, dropout=0.0)
+VOCAB = 97
+TRAIN = {"lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 2, "grad_clip": 1.0}
+
+
+def batch(n=6):
+    idx = torch.randint(0, VOCAB, (n, 17), generator=torch.Generator().manual_seed(1))
+    return idx[:, :-1], idx[:, 1:]
+
+
+def gradients(knobs: dict, stats=None):
+    """Loss and gradients of one forward/backward pass of the technique, as train_step runs it
+    (its offload context included), on one fixed batch."""
+    spec = full_spec(knobs)
+    applied = apply_technique(spec, TINY, VOCAB, 5, "cpu")
+    x, y = batch()
+    with offload_context(spec["offload"], stats) if stats is not None else applied.autocast:
+        loss = applied.model(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in applied.model.named_parameters()}
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_offloaded_activations_give_identical_gradients(checkpointing):
+    ref_loss, ref = gradients({"checkpointing": checkpointing})
+    stats = OffloadedBytes()
+    loss, grads = gradients({"checkpointing": checkpointing, "offload": "activations"}, stats)
+    assert torch.equal(loss, ref_loss)
+    for name, g in grads.items():
+        assert torch.equal(g, ref[name]), name
+    assert stats.tensors > 0 and stats.bytes > 0
+
+
+def test_with_checkpointing_only_the_checkpoints_are_offloaded():
+    plain, checkpointed = OffloadedBytes(), OffloadedBytes()
+    gradients({"offload": "activations"}, plain)
+    gradients({"offload": "activations", "checkpointing": "full"}, checkpointed)
+    # Two blocks, each with a dozen saved tensors, against one input per block (and what the
+    # embedding, final LayerNorm and loss save outside the blocks).
+    assert checkpointed.tensors < plain.tensors / 2
+    assert checkpointed.bytes < plain.bytes / 2
+
+
+def test_parameters_stay_where_they_are():
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    x = torch.randn(3, 4, requires_grad=True)
+    stats = OffloadedBytes()
+    with offload_context("activations", stats):
+        y = (x @ w).sum()  # saves x and w
+    y.backward()
+    assert stats.tensors == 1 and stats.bytes == x.numel() * 4
+    torch.testing.assert_close(x.grad, w.sum(1).expand(3, 4))
+
+
+def test_offloading_past_the_host_budget_is_out_of_memory():
+    x = torch.randn(256, 256, requires_grad=True)
+    stats = OffloadedBytes(budget=3 * x.numel() * 4)  # three such tensors fit
+    with pytest.raises(torch.OutOfMemoryError, match="host memory"):
+        with offload_context("activations", stats):
+            y = x
+            for _ in range(5):
+                y = y.sin()  # each saves its input
+    assert stats.tensors == 3
+
+
+def train(knobs: dict, steps: int = 3, n: int = 6):
+    spec = full_spec(knobs)
+    applied = apply_technique(spec, TINY, VOCAB, 5, "cpu")
+    opt = technique_optimizer(applied, spec, TRAIN, "cpu")
+    x, y = batch(n)
+    losses = [float(train_step(applied, opt, x, y, s, TRAIN)) for s in range(steps)]
+    return losses, applied
+
+
+@pytest.mark.parametrize("k", [2, 4, 6])  # 6 sequences: 3 + 3, 2 + 2 + 1 + 1, one each
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])  # SGD's update is linear in the gradient
+def test_grad_accum_is_the_whole_batch_step(k, optimizer):
+    """Micro-batches weighted by their share give the whole batch's gradient: the same losses
+    and parameters after several steps with clipping (dropout off)."""
+    ref_losses, ref = train({"optimizer": optimizer})
+    losses, applied = train({"grad_accum": k, "optimizer": optimizer})
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    for (name, p), (_, q) in zip(applied.model.named_parameters(), ref.model.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_grad_accum_with_uneven_micro_batches():
+    ref_losses, ref = train({"optimizer": "sgd"}, n=7)
+    losses, applied = train({"grad_accum": 3, "optimizer": "sgd"}, n=7)  # 3 + 2 + 2 sequences
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    for p, q in zip(applied.model.parameters(), ref.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_trains_with_loss_scaling():
+    losses, applied = train({"precision": "fp16"}, steps=6)
+    assert applied.scaler is not None and applied.scaler.get_scale() > 1
+    assert applied.record["loss_scaling"] is True
+    assert losses[-1] < losses[0] - 0.05, losses
+    fp32_losses, _ = train({}, steps=6)
+    assert losses == pytest.approx(fp32_losses, abs=0.02)  # the same training within FP16
+
+
+def test_fp16_overflow_skips_the_step_and_lowers_the_scale():
+    spec = full_spec({"precision": "fp16"})
+    applied = apply_technique(spec, TINY, VOCAB, 5, "cpu")
+    opt = technique_optimizer(applied, spec, TRAIN, "cpu")
+    applied.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**120)  # FP16 gradients overflow
+    before = [p.detach().clone() for p in applied.model.parameters()]
+    x, y = batch()
+    train_step(applied, opt, x, y, 0, TRAIN)
+    assert applied.scaler.get_scale() < 2.0**120
+    for p, q in zip(applied.model.parameters(), before):
+        assert torch.equal(p, q)  # the overflowed step changed nothing
+
+
+def test_compile_memory_budget_is_set_for_the_compiled_technique():
+    functorch = torch._functorch.config
+    apply_technique(
+        full_spec({"compile": True, "compile_memory_budget": 0.3}), TINY, VOCAB, 5, "cpu"
+    )
+    assert functorch.activation_memory_budget == 0.3
+    applied = apply_technique(full_spec({"compile": True}), TINY, VOCAB, 5, "cpu")
+    assert functorch.activation_memory_budget == 1.0  # no budget leaks into the next technique
+    assert applied.record["compile_memory_budget"] is None
+
+
+def test_fp8_needs_a_gpu_with_fp8_tensor_cores():
+    with pytest.raises(KernelUnavailable, match="fp8.*CUDA GPU"):
+        check_fp8("cpu")
+    with pytest.raises(KernelUnavailable, match="fp8"):
+        apply_technique(full_spec({"precision": "fp8"}), TINY, VOCAB, 5, "cpu")
+
+
+@pytest.mark.parametrize("loss, extra", [("liger", "liger"), ("cce", "cce")])
+def test_a_missing_loss_package_names_its_install_command(loss, extra, monkeypatch):
+    module = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}[loss]
+    monkeypatch.setitem(sys.modules, module, None)  # import fails even where it is installed
+    with pytest.raises(KernelUnavailable, match=rf"pip install -e '\.\[{extra}\]'"):
+        check_loss(loss, "cuda")
+
+
+def _stand_ins(monkeypatch, calls):
+    """Fake liger_kernel and cut_cross_entropy modules with the real call signatures, computing
+    the standard loss, so the adapter's argument order and dtypes are checked on a CPU."""
+
+    class LigerFusedLinearCrossEntropyLoss:
+        def __call__(self, lin_weight, _input, target):
+            calls.append(("liger", _input.dtype, lin_weight.dtype, _input.shape))
+            return F.cross_entropy(F.linear(_input, lin_weight).float(), target)
+
+    def linear_cross_entropy(e, c, targets):
+        calls.append(("cce", e.dtype, c.dtype, e.shape))
+        return F.cross_entropy((e @ c.T).float(), targets)
+
+    transformers = types.ModuleType("liger_kernel.transformers")
+    transformers.LigerFusedLinearCrossEntropyLoss = LigerFusedLinearCrossEntropyLoss
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", transformers)
+    cce = types.ModuleType("cut_cross_entropy")
+    cce.linear_cross_entropy = linear_cross_entropy
+    monkeypatch.setitem(sys.modules, "cut_cross_entropy", cce)
+
+
+@pytest.mark.parametrize("loss", ["liger", "cce"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_loss_adapters_pass_rows_weight_and_targets(loss, autocast, monkeypatch):
+    calls = []
+    _stand_ins(monkeypatch, calls)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 5, 8, generator=g, requires_grad=True)
+    w = torch.randn(11, 8, generator=g, requires_grad=True)
+    y = torch.randint(0, 11, (2, 5), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        value = output_loss(loss, h, w, y, 4096)
+        ref = F.cross_entropy(F.linear(h, w).float().reshape(-1, 11), y.reshape(-1))
+    dtype = torch.bfloat16 if autocast else torch.float32
+    assert calls == [(loss, dtype, dtype, torch.Size([10, 8]))]  # rows flattened, 16-bit inputs
+    assert value.dtype == torch.float32
+    torch.testing.assert_close(value, ref, rtol=2e-2, atol=2e-2)
+    value.backward()
+    assert h.grad is not None and w.grad is not None and h.grad.dtype == torch.float32
+
+
+def _refused(knobs: dict, **config) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_config({"techniques": {"t": knobs}, "baseline": "t", **config})
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "knobs, config, fragments",
+    [
+        (
+            {"compile_memory_budget": 0.5},
+            {},
+            ["techniques.t.compile_memory_budget: 0.5", "techniques.t.compile true"],
+        ),
+        ({"compile": True, "compile_memory_budget": 1.5}, {}, ["compile_memory_budget", "1.5"]),
+        ({"precision": "fp8"}, {"device": "cpu"}, ["techniques.t.precision: 'fp8'", "'cpu'"]),
+        ({"offload": "activations"}, {"device": "cpu"}, ["techniques.t.offload", "'cpu'"]),
+        ({"loss": "liger"}, {"device": "cpu"}, ["techniques.t.loss: 'liger'", "Triton"]),
+        ({"loss": "cce"}, {"device": "cpu"}, ["techniques.t.loss: 'cce'", "Triton"]),
+        (
+            {"optimizer_in_backward": True},
+            {},
+            ["techniques.t.optimizer_in_backward", "train.grad_clip 1.0", "global clipping"],
+        ),
+        (
+            {"optimizer_in_backward": True, "grad_accum": 2},
+            {"train": {"grad_clip": 0}},
+            ["techniques.t.optimizer_in_backward", "techniques.t.grad_accum 2", "micro-batch"],
+        ),
+        (
+            {"optimizer_in_backward": True, "precision": "fp16"},
+            {"train": {"grad_clip": 0}},
+            ["techniques.t.optimizer_in_backward", "techniques.t.precision 'fp16'", "scaling"],
+        ),
+        (
+            {"grad_accum": 16},
+            {},
+            ["techniques.t.grad_accum: 16", "exactness.batch (8)", "allowed: 1..8"],
+        ),
+        ({"grad_accum": 0}, {}, ["techniques.t.grad_accum", "0"]),
+        ({"offload": "gpu"}, {}, ["techniques.t.offload", "'activations'"]),
+    ],
+)
+def test_impossible_combinations_are_refused_before_any_training(knobs, config, fragments):
+    message = _refused(knobs, **config)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+def test_the_same_knobs_are_allowed_where_they_can_run():
+    validate_config(
+        {
+            "device": "cuda",
+            "train": {"grad_clip": 0},
+            "techniques": {
+                "a": {"precision": "fp8", "offload": "activations", "loss": "cce"},
+                "b": {"compile": True, "compile_memory_budget": 0.5, "loss": "liger"},
+                "c": {"optimizer_in_backward": True, "precision": "bf16"},
+                "d": {"grad_accum": 8, "precision": "fp16"},
+            },
+            "baseline": "a",
+        }
+    )
