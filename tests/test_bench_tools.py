@@ -47,9 +47,12 @@ def test_bench_goals_count_only_exact_techniques():
         ("adamw8bit", 3000, 200.0),  # larger, but a different function
         ("fp8_compiled", 64, 500.0),  # faster, but a different function
         ("compiled_chunked", 64, 380.0),
+        ("flash_accum4", 400, 250.0),  # 1,600 per step, but 400 at once
     ]:
         r, t = cell(name, batch, tflops)
         results[name, "max"] = {**r, "model_tflops": t, "seq_len": 1024}
     lines = bench.goals(results)
-    assert "flash_gradcp_chunked trains 1,500 sequences" in lines[0] and lines[0].endswith("ok")
+    assert "flash_gradcp_chunked trains 1,500 sequences of 1,024 tokens at once" in lines[
+        0
+    ] and lines[0].endswith("ok")
     assert "compiled_chunked at batch 64: 380" in lines[1] and lines[1].endswith("BELOW")

@@ -135,7 +135,7 @@ def train_technique(knobs: dict, steps: int, clip: float = 1.0):
 def test_fp16_trains_with_loss_scaling_like_bf16():
     bf16, _, _ = train_technique({"precision": "bf16", "attention": "flash"}, 20)
     fp16, applied, _ = train_technique({"precision": "fp16", "attention": "flash"}, 20)
-    assert applied.scaler.get_scale() >= 1.0
+    assert applied.scaler._get_growth_tracker() > 0  # the last steps were taken, not skipped
     assert fp16[-1] < fp16[0] - 1.0, fp16
     assert fp16[-1] == pytest.approx(bf16[-1], abs=0.1)
 
@@ -162,7 +162,7 @@ def gradients(knobs: dict):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    with applied.autocast, offload_context(spec["offload"]):
+    with applied.autocast, offload_context(spec["offload"], None, applied.model.parameters()):
         loss = applied.model(idx[:, :-1], idx[:, 1:])
     loss.backward()
     torch.cuda.synchronize()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from memopt.config import ConfigError, full_spec, validate_config
 from memopt.errors import KernelUnavailable
 from memopt.losses import check_loss, output_loss
-from memopt.offload import OffloadedBytes, offload_context
+from memopt.offload import OffloadedBytes, _pack, _unpack, offload_context
 from memopt.precision import check_fp8
 from memopt.techniques import apply_technique
 from memopt.train import technique_optimizer, train_step
@@ -31,9 +31,11 @@ def gradients(knobs: dict, stats=None):
     """Loss and gradients of one forward/backward pass of the technique, as train_step runs it
     (its offload context included), on one fixed batch."""
     spec = full_spec(knobs)
-    applied = apply_technique(spec, TINY, VOCAB, 5, "cpu")
+    # A CPU run refuses offloading (nothing to gain); its hooks run here all the same.
+    applied = apply_technique(dict(spec, offload="none"), TINY, VOCAB, 5, "cpu")
     x, y = batch()
-    with offload_context(spec["offload"], stats) if stats is not None else applied.autocast:
+    params = applied.model.parameters()
+    with offload_context(spec["offload"], stats, params) if stats is not None else applied.autocast:
         loss = applied.model(x, y)
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in applied.model.named_parameters()}
@@ -60,15 +62,42 @@ def test_with_checkpointing_only_the_checkpoints_are_offloaded():
     assert checkpointed.bytes < plain.bytes / 2
 
 
-def test_parameters_stay_where_they_are():
-    w = torch.nn.Parameter(torch.randn(4, 4))
-    x = torch.randn(3, 4, requires_grad=True)
+def test_parameters_and_their_views_stay_where_they_are():
+    """nn.Linear saves weight.t(), a view of the parameter: it must not be copied every step."""
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
     stats = OffloadedBytes()
-    with offload_context("activations", stats):
-        y = (x @ w).sum()  # saves x and w
+    with offload_context("activations", stats, layer.parameters()):
+        y = layer(x).sum()
     y.backward()
-    assert stats.tensors == 1 and stats.bytes == x.numel() * 4
-    torch.testing.assert_close(x.grad, w.sum(1).expand(3, 4))
+    assert stats.tensors == 1 and stats.bytes == x.numel() * 4  # x alone
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(3, 8))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(4, 6, 8).transpose(0, 2),  # dense, permuted
+        lambda: torch.randn(4, 3 * 8)[:, 8:16],  # gaps between rows (like q, k, v)
+        lambda: torch.randn(4, 1, 8).expand(4, 5, 8),  # expanded
+    ],
+)
+def test_offloaded_tensors_come_back_with_their_values_and_strides(make):
+    t = make()
+    packed = _pack(OffloadedBytes(), set())(t)
+    back = _unpack(packed)
+    assert back.size() == t.size() and back.stride() == t.stride()
+    assert torch.equal(back, t)
+
+
+def test_offload_under_compile_gives_identical_gradients():
+    ref_loss, ref = gradients({"compile": True})
+    stats = OffloadedBytes()
+    loss, grads = gradients({"compile": True, "offload": "activations"}, stats)
+    assert stats.tensors > 0
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_offloading_past_the_host_budget_is_out_of_memory():
@@ -113,7 +142,7 @@ def test_grad_accum_with_uneven_micro_batches():
 
 def test_fp16_trains_with_loss_scaling():
     losses, applied = train({"precision": "fp16"}, steps=6)
-    assert applied.scaler is not None and applied.scaler.get_scale() > 1
+    assert applied.scaler._get_growth_tracker() == 6  # six scaled steps, none skipped
     assert applied.record["loss_scaling"] is True
     assert losses[-1] < losses[0] - 0.05, losses
     fp32_losses, _ = train({}, steps=6)
@@ -144,6 +173,11 @@ def test_compile_memory_budget_is_set_for_the_compiled_technique():
     assert applied.record["compile_memory_budget"] is None
 
 
+def test_offload_on_a_cpu_is_refused_at_run_time_too():  # device auto resolved to a CPU
+    with pytest.raises(KernelUnavailable, match="offload 'activations'.*allowed here: none"):
+        apply_technique(full_spec({"offload": "activations"}), TINY, VOCAB, 5, "cpu")
+
+
 def test_fp8_needs_a_gpu_with_fp8_tensor_cores():
     with pytest.raises(KernelUnavailable, match="fp8.*CUDA GPU"):
         check_fp8("cpu")
@@ -164,6 +198,9 @@ def _stand_ins(monkeypatch, calls):
     the standard loss, so the adapter's argument order and dtypes are checked on a CPU."""
 
     class LigerFusedLinearCrossEntropyLoss:
+        def __init__(self, accum_dtype=None):
+            assert accum_dtype == torch.float32  # the weight's gradient accumulates in FP32
+
         def __call__(self, lin_weight, _input, target):
             calls.append(("liger", _input.dtype, lin_weight.dtype, _input.shape))
             return F.cross_entropy(F.linear(_input, lin_weight).float(), target)
@@ -240,7 +277,12 @@ def _refused(knobs: dict, **config) -> str:
             {},
             ["techniques.t.grad_accum: 16", "exactness.batch (8)", "allowed: 1..8"],
         ),
-        ({"grad_accum": 0}, {}, ["techniques.t.grad_accum", "0"]),
+        ({"grad_accum": 0}, {}, ["techniques.t.grad_accum: 0 is not allowed", ">= 1"]),
+        (
+            {"loss": "liger", "precision": "fp16"},
+            {},
+            ["techniques.t.loss: 'liger'", "techniques.t.precision 'fp16'", "underflows"],
+        ),
         ({"offload": "gpu"}, {}, ["techniques.t.offload", "'activations'"]),
     ],
 )

@@ -314,10 +314,12 @@ def test_cli_reaches_the_same_functions_as_the_rules(smoke):
     proc = memopt(wd, "cell", "gradcp", "same", "--config", "study.yaml", "--out", "cli/cell.json")
     assert proc.returncode == 0, proc.stderr
     cell = json.loads((wd / "cli/cell.json").read_text())
-    assert (
-        cell["loss_curve"]
-        == json.loads((wd / "results/cells/gradcp/same.json").read_text())["loss_curve"]
-    )
+    rule_curve = json.loads((wd / "results/cells/gradcp/same.json").read_text())["loss_curve"]
+    # The same training, step by step; how many steps are timed depends on the timings' noise
+    # (they stop once the confidence interval is narrow enough), which differs between runs.
+    n = min(len(cell["loss_curve"]), len(rule_curve))
+    assert n >= 3 + 5  # the smoke study's warm-up + min_timed_steps
+    assert cell["loss_curve"][:n] == rule_curve[:n]
     bad = memopt(wd, "cell", "nope", "same", "--config", "study.yaml")
     assert (
         bad.returncode == 1 and "technique 'nope'" in bad.stderr and "Traceback" not in bad.stderr

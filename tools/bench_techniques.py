@@ -167,12 +167,11 @@ def goals(results: dict) -> list[str]:
     }
     lines = []
     if exact:
-        key, r = max(
-            exact.items(), key=lambda kv: kv[1]["batch_size"] * kv[1]["spec"]["grad_accum"]
-        )
+        # Sequences in memory at once: accumulating micro-batches would reach any number.
+        key, r = max(exact.items(), key=lambda kv: kv[1]["batch_size"])
         lines.append(
             f"- largest exact batch: {key[0]} trains {r['batch_size']:,} sequences of "
-            f"{r['seq_len']:,} tokens per step (goal >= {GOAL_SEQUENCES:,}): "
+            f"{r['seq_len']:,} tokens at once (goal >= {GOAL_SEQUENCES:,}): "
             + ("ok" if r["batch_size"] >= GOAL_SEQUENCES else "BELOW")
         )
         key, r = max(exact.items(), key=lambda kv: kv[1]["model_tflops"])

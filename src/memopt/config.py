@@ -219,6 +219,12 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
                 f"({reason}; in-backward updates free each gradient as soon as it is "
                 f"complete); allowed: optimizer_in_backward false, or {allowed}"
             )
+    if spec["loss"] == "liger" and spec["precision"] == "fp16":
+        problems.append(
+            f"{key}.loss: 'liger' is not allowed with {key}.precision 'fp16' (liger computes the "
+            "logits' gradient in the forward pass, in FP16, before loss scaling can lift it: "
+            "most of it underflows to zero); allowed with fp16: standard, chunked, cce"
+        )
     budget = spec["compile_memory_budget"]
     if budget is not None and not spec["compile"]:
         problems.append(

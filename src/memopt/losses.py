@@ -87,7 +87,9 @@ def _fused_loss(loss: str, h: torch.Tensor, weight: torch.Tensor, targets: torch
     if loss == "liger":
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-        return LigerFusedLinearCrossEntropyLoss()(weight, h, targets).float()
+        # FP32 accumulation of the weight's gradient across liger's chunks.
+        fused = LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
+        return fused(weight, h, targets).float()
     if loss == "cce":
         from cut_cross_entropy import linear_cross_entropy
 

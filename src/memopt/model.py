@@ -46,6 +46,7 @@ _SAVED_OPS = {
     for name in (
         "mm",
         "addmm",
+        "_scaled_mm",  # FP8 matmuls (precision fp8)
         "bmm",
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",

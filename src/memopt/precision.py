@@ -91,4 +91,11 @@ def convert_fp8(model: torch.nn.Module, device: str) -> int:
     from torchao.float8.float8_linear import Float8Linear
 
     convert_to_float8_training(model, module_filter_fn=_fp8_filter)
-    return sum(isinstance(m, Float8Linear) for m in model.modules())
+    converted = sum(isinstance(m, Float8Linear) for m in model.modules())
+    if not converted:
+        raise KernelUnavailable(
+            "precision 'fp8': no linear layer of the blocks has both dimensions divisible by 16 "
+            "(torchao's FP8 matmuls need them); allowed: model.d_model and model.d_ff "
+            "multiples of 16, or another precision"
+        )
+    return converted

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from memopt.attention import resolve_kernel
-from memopt.errors import MemoptError
+from memopt.errors import KernelUnavailable, MemoptError
 from memopt.losses import check_loss
 from memopt.model import Decoder, ModelConfig, build_model
 from memopt.precision import (
@@ -58,7 +58,7 @@ class Applied:
 def set_compile_memory_budget(budget: float | None) -> None:
     """torch.compile's activation memory budget (min-cut recomputation; 1.0 = torch's default,
     save what is cheapest to save). A global of torch's, read when a graph is compiled: set for
-    every compiled technique, so one technique's budget never leaks into the next job."""
+    every technique, so one technique's budget never leaks into the next one's graphs."""
     torch._functorch.config.activation_memory_budget = 1.0 if budget is None else budget
 
 
@@ -69,6 +69,11 @@ def apply_technique(
     check_loss(spec["loss"], device)
     if spec["precision"] == "fp8":
         check_fp8(device)
+    if spec["offload"] != "none" and device != "cuda":
+        raise KernelUnavailable(
+            f"offload {spec['offload']!r} moves saved activations from GPU to host memory; "
+            f"on device {device!r} they are in host memory already; allowed here: none"
+        )
     cfg = ModelConfig(
         vocab_size=vocab_size,
         attention=kernel,
@@ -82,8 +87,9 @@ def apply_technique(
     set_precision_flags(spec["precision"])
     model: torch.nn.Module = build_model(cfg, seed, device)
     fp8_layers = convert_fp8(model, device) if spec["precision"] == "fp8" else 0
+    # Always: FlexAttention compiles its kernel even when the model is not compiled.
+    set_compile_memory_budget(spec["compile_memory_budget"])
     if spec["compile"]:
-        set_compile_memory_budget(spec["compile_memory_budget"])
         model = torch.compile(model)
     record = {
         "kernel": kernel,

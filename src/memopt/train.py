@@ -39,7 +39,7 @@ from memopt.measure import (
     provenance,
     summarize,
 )
-from memopt.offload import OffloadedBytes, offload_context
+from memopt.offload import OffloadedBytes, empty_host_cache, offload_context
 from memopt.optimizers import make_optimizer, state_bytes, tensor_bytes
 from memopt.precision import activation_bytes
 from memopt.techniques import Applied, apply_technique, eval_model
@@ -90,7 +90,8 @@ def train_step(
     total = None
     for i, (xi, yi) in enumerate(zip(x.tensor_split(k), y.tensor_split(k))):
         applied.offloaded = OffloadedBytes() if applied.offload != "none" else None
-        with applied.autocast, offload_context(applied.offload, applied.offloaded):
+        offload = offload_context(applied.offload, applied.offloaded, applied.model.parameters())
+        with applied.autocast, offload:
             loss = applied.model(xi, yi)
         if i == 0:
             mark("forward")
@@ -153,6 +154,7 @@ def free_memory(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
+        empty_host_cache()  # pinned buffers of offloaded activations
 
 
 def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str, seed: int):

@@ -162,8 +162,9 @@ def throughput_optimal(cells: list[dict], searches: list[dict], seq_len: int) ->
         name = s["technique"]
         ok = [c for c in cells if c["technique"] == name and c["status"] == "ok"]
         cell = max(ok, key=lambda c: c["tokens_per_s"], default=None)
+        k = (s.get("spec") or {}).get("grad_accum", 1)  # a trial's step trains k micro-batches
         trials = [
-            (t["batch"], t["batch"] * seq_len / (t["last_step_ms"] / 1e3))
+            (t["batch"], t["batch"] * k * seq_len / (t["last_step_ms"] / 1e3))
             for t in s.get("trials", [])
             if t["fits"] and t.get("last_step_ms")
         ]

@@ -204,6 +204,8 @@ def _restore(flags: tuple) -> None:
     """Put the process back as a new one would find it before the next job."""
     import torch
 
+    from memopt.offload import empty_host_cache
+
     b = torch.backends
     b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark, threads = flags
     torch.set_num_threads(threads)
@@ -214,6 +216,7 @@ def _restore(flags: tuple) -> None:
     # Compiled graphs go too: a search's trials leave a dynamic-batch graph that a cell would
     # reuse where a fresh process compiles a static one (inductor's disk cache keeps it cheap).
     torch._dynamo.reset()
+    torch._functorch.config.activation_memory_budget = 1.0  # a compiled job's budget
     restore_impl = getattr(torch.nn.attention, "restore_flash_attention_impl", None)
     if restore_impl is not None:  # a flash_attn job may have activated FA3/FA4 for SDPA
         restore_impl()
@@ -221,6 +224,7 @@ def _restore(flags: tuple) -> None:
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        empty_host_cache()  # an offloading job's pinned buffers
         torch.cuda.set_per_process_memory_fraction(1.0)  # a search lowers it for its trials
         torch.cuda.reset_peak_memory_stats()
 
