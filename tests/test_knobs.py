@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from memopt import offload
 from memopt.config import ConfigError, full_spec, validate_config
 from memopt.errors import KernelUnavailable
 from memopt.losses import check_loss, output_loss
-from memopt.offload import OffloadedBytes, _pack, _unpack, offload_context
+from memopt.offload import OffloadedBytes, offload_context
 from memopt.precision import check_fp8
 from memopt.techniques import apply_technique
 from memopt.train import technique_optimizer, train_step
@@ -80,12 +81,17 @@ def test_parameters_and_their_views_stay_where_they_are():
         lambda: torch.randn(4, 6, 8).transpose(0, 2),  # dense, permuted
         lambda: torch.randn(4, 3 * 8)[:, 8:16],  # gaps between rows (like q, k, v)
         lambda: torch.randn(4, 1, 8).expand(4, 5, 8),  # expanded
+        lambda: torch.randn(10, 4, 6)[2:].transpose(1, 2),  # dense, offset into its storage
     ],
 )
-def test_offloaded_tensors_come_back_with_their_values_and_strides(make):
+@pytest.mark.parametrize("piece", [1 << 28, 64])  # one pinned buffer, or pieces of 16 floats
+def test_offloaded_tensors_come_back_with_their_values_and_strides(make, piece, monkeypatch):
+    monkeypatch.setattr(offload, "PIECE_BYTES", piece)
     t = make()
-    packed = _pack(OffloadedBytes(), set())(t)
-    back = _unpack(packed)
+    stats = OffloadedBytes()
+    packed = offload._pack(stats, set())(t)
+    assert len(packed[1]) == (1 if piece > 1024 else -(-stats.bytes // piece))
+    back = offload._unpack(packed)
     assert back.size() == t.size() and back.stride() == t.stride()
     assert torch.equal(back, t)
 

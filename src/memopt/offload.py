@@ -18,8 +18,9 @@ Pinned host memory is finite, and exhausting it can stall the whole machine: wha
 pass offloads may take at most HOST_FRACTION of the host's physical memory. Beyond that the pass
 stops with torch.OutOfMemoryError naming host memory, so a batch-size search treats it as "does
 not fit" (the technique's limit is then the host's, which the error says). The budget is per
-process; torch keeps freed pinned buffers cached, so jobs and search trials give them back
-(empty_host_cache) when they end.
+process, and pinned buffers come in pieces of PIECE_BYTES (torch's pinned allocator rounds a
+buffer up to a power of two); torch keeps freed pinned buffers cached, so jobs and search
+trials give them back (empty_host_cache) when they end.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def host_budget_bytes() -> int:
 
 class OffloadedBytes:
     """What one forward pass sent to the host (pinned bytes as the caching host allocator
-    rounds them: up to the next power of two), and the most it may send."""
+    rounds them, up to a power of two), and the most it may send."""
 
     def __init__(self, budget: int | None = None):
         self.tensors = 0
@@ -48,29 +49,55 @@ class OffloadedBytes:
         self.budget = host_budget_bytes() if budget is None else budget
 
 
+# Pinned buffers come in pieces of at most this many bytes: the caching host allocator rounds
+# every buffer up to a power of two, so a 3 GiB checkpoint in one buffer would pin 4 GiB.
+PIECE_BYTES = 1 << 28
+
+
 def _pinned_bytes(nbytes: int) -> int:
     return 1 << max(0, nbytes - 1).bit_length()
 
 
-def _host_copy(t: torch.Tensor, stats: OffloadedBytes) -> torch.Tensor:
-    nbytes = t.numel() * t.element_size()
-    charged = _pinned_bytes(nbytes) if t.is_cuda else nbytes
-    if stats.bytes + charged > stats.budget:
-        raise torch.OutOfMemoryError(
-            f"offload: activations: host memory for offloaded activations is out of memory "
-            f"(this forward pass would hold more than {stats.budget / 2**30:.1f} GiB, "
-            f"{HOST_FRACTION:.0%} of the host's memory, in pinned buffers)"
-        )
-    try:
-        # A dense tensor keeps its strides (empty_like preserves them); one with gaps between
-        # its elements (e.g. attention's q, k, v: views of one projection) is copied densely.
-        host = torch.empty_like(t, device="cpu", pin_memory=t.is_cuda)
-    except RuntimeError as err:  # cudaHostAlloc failed: the host is out of pinned memory
-        raise torch.OutOfMemoryError(f"offload: activations: {err}") from err
-    host.copy_(t, non_blocking=t.is_cuda)
+def _flat(t: torch.Tensor):
+    """t's elements as one 1-D tensor in memory order, and the strides that rebuild t from it
+    (None when t has gaps between its elements, e.g. attention's q, k, v, views of one
+    projection: those are copied densely and re-strided on the way back)."""
+    if _dense(t):
+        return t.as_strided((t.numel(),), (1,), t.storage_offset()), t.stride()
+    return t.contiguous().view(-1), None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory without gaps or overlaps (in any order)."""
+    expected = 1
+    dims = [(stride, size) for size, stride in zip(t.size(), t.stride()) if size > 1]
+    for stride, size in sorted(dims):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _to_host(flat: torch.Tensor, stats: OffloadedBytes) -> list[torch.Tensor]:
+    pinned = flat.is_cuda
+    pieces = []
+    for chunk in flat.split(max(1, PIECE_BYTES // flat.element_size())):
+        nbytes = chunk.numel() * chunk.element_size()
+        charged = _pinned_bytes(nbytes) if pinned else nbytes
+        if stats.bytes + charged > stats.budget:
+            raise torch.OutOfMemoryError(
+                f"offload: activations: host memory for offloaded activations is out of memory "
+                f"(this forward pass would hold more than {stats.budget / 2**30:.1f} GiB, "
+                f"{HOST_FRACTION:.0%} of the host's memory, in pinned buffers)"
+            )
+        try:
+            host = torch.empty(chunk.numel(), dtype=chunk.dtype, pin_memory=pinned)
+        except RuntimeError as err:  # cudaHostAlloc failed: the host is out of pinned memory
+            raise torch.OutOfMemoryError(f"offload: activations: {err}") from err
+        pieces.append(host.copy_(chunk, non_blocking=pinned))
+        stats.bytes += charged
     stats.tensors += 1
-    stats.bytes += charged
-    return host
+    return pieces
 
 
 def _pack(stats: OffloadedBytes, kept: set[int]):
@@ -83,7 +110,8 @@ def _pack(stats: OffloadedBytes, kept: set[int]):
         for dim in range(t.dim()):
             if t.stride(dim) == 0 and t.size(dim) > 1:
                 source = source.narrow(dim, 0, 1)
-        return t.device, _host_copy(source, stats), t.size(), t.stride()
+        flat, layout = _flat(source)
+        return t.device, _to_host(flat, stats), source.size(), layout, t.size(), t.stride()
 
     return pack
 
@@ -91,13 +119,14 @@ def _pack(stats: OffloadedBytes, kept: set[int]):
 def _unpack(packed):
     if isinstance(packed, torch.Tensor):
         return packed
-    device, host, size, stride = packed
-    out = host.to(device, non_blocking=host.is_pinned())
-    if out.size() != size:
-        return out.expand(size)
-    if out.stride() != stride:  # copied densely: restore the layout a compiled backward checks
-        return torch.empty_strided(size, stride, dtype=out.dtype, device=device).copy_(out)
-    return out
+    device, pieces, source_size, layout, size, stride = packed
+    flat = torch.empty(sum(p.numel() for p in pieces), dtype=pieces[0].dtype, device=device)
+    for piece, part in zip(pieces, flat.split(pieces[0].numel())):
+        part.copy_(piece, non_blocking=piece.is_pinned())
+    if layout is not None:  # the exact layout it had (a compiled backward checks strides)
+        return flat.as_strided(source_size, layout).expand(size)
+    out = flat.view(source_size).expand(size)
+    return torch.empty_strided(size, stride, dtype=out.dtype, device=device).copy_(out)
 
 
 def offload_context(
