@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU verification: the GPU test suite (tests; GPU_TESTS picks files), the technique benchmark of
-# the default model (bench; BENCH_ARGS picks techniques and batches, default all at batch 16), the batch-size search benchmark and checks (search), the smoke study end to
-# end on CUDA through Snakemake (smoke).
+# GPU verification: the GPU test suite (tests; GPU_TESTS picks files and -k), the technique
+# benchmark of the default model (bench; BENCH_ARGS picks techniques and batches, default: all at
+# batch 16), the batch-size search benchmark and checks (search), the smoke study end to end on
+# CUDA through Snakemake (smoke).
 # Everything worth keeping goes under $OUT (the device tool brings it back).
 #
 # On the device machine (see the device tool's README), from the repository root:
