@@ -32,6 +32,8 @@ from collections.abc import Iterable
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from memopt.errors import KernelUnavailable
+
 HOST_FRACTION = 0.5
 
 
@@ -127,6 +129,15 @@ def _unpack(packed):
         return flat.as_strided(source_size, layout).expand(size)
     out = flat.view(source_size).expand(size)
     return torch.empty_strided(size, stride, dtype=out.dtype, device=device).copy_(out)
+
+
+def check_offload(mode: str, device: str) -> None:
+    """Raise KernelUnavailable unless `mode` means something on `device`."""
+    if mode != "none" and device != "cuda":
+        raise KernelUnavailable(
+            f"offload {mode!r} moves saved activations from GPU to host memory; "
+            f"on device {device!r} they are in host memory already; allowed here: none"
+        )
 
 
 def offload_context(

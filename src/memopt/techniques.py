@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from memopt.attention import resolve_kernel
-from memopt.errors import KernelUnavailable, MemoptError
+from memopt.errors import MemoptError
 from memopt.losses import check_loss
 from memopt.model import Decoder, ModelConfig, build_model
+from memopt.offload import check_offload
 from memopt.precision import (
     autocast_context,
     check_fp8,
@@ -69,11 +70,7 @@ def apply_technique(
     check_loss(spec["loss"], device)
     if spec["precision"] == "fp8":
         check_fp8(device)
-    if spec["offload"] != "none" and device != "cuda":
-        raise KernelUnavailable(
-            f"offload {spec['offload']!r} moves saved activations from GPU to host memory; "
-            f"on device {device!r} they are in host memory already; allowed here: none"
-        )
+    check_offload(spec["offload"], device)
     cfg = ModelConfig(
         vocab_size=vocab_size,
         attention=kernel,
