@@ -179,6 +179,23 @@ def test_compile_memory_budget_is_set_for_the_compiled_technique():
     assert applied.record["compile_memory_budget"] is None
 
 
+def test_a_compiled_technique_compiles_once_for_every_batch_size():
+    """The batch dimension is dynamic: after batch 2, batches 3 and 5 reuse the graph (a search's
+    trials and the cells of a compiled technique do not compile per batch size)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    applied = apply_technique(full_spec({"compile": True}), TINY, VOCAB, 5, "cpu")
+    opt = technique_optimizer(applied, full_spec({}), TRAIN, "cpu")
+    for step, n in enumerate((2, 3, 5, 3)):
+        x, y = batch(n)
+        assert torch.isfinite(train_step(applied, opt, x, y, step, TRAIN))
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] == 1, dict(frames)  # one frame compiled, never recompiled
+    torch._dynamo.reset()
+
+
 def test_offload_on_a_cpu_is_refused_at_run_time_too():  # device auto resolved to a CPU
     with pytest.raises(KernelUnavailable, match="offload 'activations'.*allowed here: none"):
         apply_technique(full_spec({"offload": "activations"}), TINY, VOCAB, 5, "cpu")

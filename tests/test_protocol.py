@@ -41,6 +41,35 @@ def test_very_noisy_series_stops_at_the_maximum():
     assert steps_needed([100.0 + rng.gauss(0, 50) for _ in range(300)]) == 100
 
 
+def test_time_limit_stops_a_noisy_series_of_long_steps():
+    """max_timed_s: steps of ~3 s with a 5% sd would need ~100 steps for a 1% interval; 20 s of
+    timed steps stop them after the minimum, 60 s at about 20 steps; short steps are not affected."""
+    rng = random.Random(2)
+    slow = [3000.0 + rng.gauss(0, 150) for _ in range(300)]
+    assert steps_needed(slow) == 100  # no limit in MEASURE: the step cap
+    assert steps_needed(slow, {**MEASURE, "max_timed_s": None}) == 100
+    assert steps_needed(slow, {**MEASURE, "max_timed_s": 20}) == 10  # the minimum comes first
+    n = steps_needed(slow, {**MEASURE, "max_timed_s": 60})
+    assert sum(slow[: n - 1]) < 60_000 <= sum(slow[:n])
+    rng = random.Random(0)
+    noisy = [100.0 + rng.gauss(0, 3) for _ in range(200)]  # ~35 steps of 0.1 s
+    assert steps_needed(noisy, {**MEASURE, "max_timed_s": 30}) == steps_needed(noisy)
+
+
+def test_paper_counts_cells_stopped_at_the_time_limit():
+    from memopt.paper import stopped_at_time_limit
+
+    cfg = {**MEASURE, "max_timed_s": 30}
+    cells = [
+        {"timed_s": 34.4, "timed_steps": 10, "step_time_ms_rel_ci95": 0.03},  # the limit stopped it
+        {"timed_s": 31.0, "timed_steps": 12, "step_time_ms_rel_ci95": 0.009},  # the interval did
+        {"timed_s": 80.0, "timed_steps": 100, "step_time_ms_rel_ci95": 0.02},  # the step cap did
+        {"timed_s": 3.0, "timed_steps": 10, "step_time_ms_rel_ci95": 0.002},
+    ]
+    assert stopped_at_time_limit(cells, cfg) == 1
+    assert stopped_at_time_limit(cells, {**MEASURE, "max_timed_s": None}) == 0
+
+
 def test_summary_records_the_interval():
     values = [10.0, 12.0, 11.0, 13.0, 12.5, 11.5, 10.5, 12.0, 11.0, 11.5]
     s = summarize(values)

@@ -45,7 +45,7 @@ print("searches", 360 if default else 20)
 for t in c["techniques"]:
     for b in c["batch_sizes"]:
         big = c["techniques"][t].get("checkpointing", "none") != "none" and b == "max"
-        print(f"results/cells/{t}/{b}.json", (200 if big else 60) if default else 20)
+        print(f"results/cells/{t}/{b}.json", (90 if big else 60) if default else 20)
 for f in functions(c["techniques"]):
     for i in range(c["quality"]["seeds"]):
         print(f"results/quality/{f}/{c['train']['seed'] + i}.json", (250 if f == "fp32" else 60) if default else 20)

@@ -196,11 +196,15 @@ def ci95_half_width(values: list[float]) -> float:
 
 def enough_timed_steps(times: list[float], measure_cfg: dict) -> bool:
     """The adaptive stopping rule: at least min_timed_steps, then stop once the 95% half-width of
-    the mean is within target_rel_ci of the mean, or at max_timed_steps."""
+    the mean is within target_rel_ci of the mean, at max_timed_steps, or once the timed steps
+    (milliseconds) add up to max_timed_s (if set)."""
     n = len(times)
     if n < measure_cfg["min_timed_steps"]:
         return False
     if n >= measure_cfg["max_timed_steps"]:
+        return True
+    limit_s = measure_cfg.get("max_timed_s")
+    if limit_s is not None and sum(times) >= 1000 * limit_s:
         return True
     return ci95_half_width(times) <= measure_cfg["target_rel_ci"] * statistics.fmean(times)
 

@@ -164,6 +164,20 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
     return result
 
 
+def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> int:
+    """Cells whose timing stopped at measure.max_timed_s, short of the interval and the step cap."""
+    limit_s = measure_cfg.get("max_timed_s")
+    if limit_s is None:
+        return 0
+    return sum(
+        c.get("timed_s") is not None
+        and c["timed_s"] >= limit_s
+        and c["timed_steps"] < measure_cfg["max_timed_steps"]
+        and (c.get("step_time_ms_rel_ci95") or 0) > measure_cfg["target_rel_ci"]
+        for c in cells
+    )
+
+
 def _provenance(cells: list[dict]) -> dict:
     """Distinct provenance values over all cells (one commit expected; hashes may differ)."""
     return {
@@ -277,6 +291,7 @@ def build_context(
             "timed_min": min(timed) if timed else None,
             "timed_max": max(timed) if timed else None,
             "at_max": sum(t >= config["measure"]["max_timed_steps"] for t in timed),
+            "at_time": stopped_at_time_limit(cells, config["measure"]),
         },
         "retries": [  # each run once: a `max` entry that is its `same` run is not listed again
             c

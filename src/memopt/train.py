@@ -4,7 +4,7 @@ Protocol: `measure.warmup_steps` steps first (compilation, autotuning, allocator
 optimizer-state warm-up; excluded), the last of them measured phase by phase (memory after each
 phase and a breakdown). Then timed steps, each on its own, until the 95% confidence half-width of
 the mean step time is within `measure.target_rel_ci` of the mean (between `min_timed_steps` and
-`max_timed_steps`). Peak memory covers whole steps, optimizer step included: on CUDA the
+`max_timed_steps`, or until `max_timed_s` seconds of timed steps). Peak memory covers whole steps, optimizer step included: on CUDA the
 allocator's peak over the timed steps (reset after warm-up) and its retry/OOM counters over them;
 on a CPU the tracked tensor memory over the warm-up steps (tracking is too slow to time).
 Quality is not measured here: see memopt.quality (one run per function, several seeds).
@@ -42,7 +42,7 @@ from memopt.measure import (
 from memopt.offload import OffloadedBytes, empty_host_cache, offload_context
 from memopt.optimizers import make_optimizer, state_bytes, tensor_bytes
 from memopt.precision import activation_bytes
-from memopt.techniques import Applied, apply_technique, eval_model
+from memopt.techniques import Applied, apply_technique, dynamic_batch, eval_model
 
 
 def budget_bytes(cfg: dict, device: str) -> float | None:
@@ -89,6 +89,8 @@ def train_step(
     scaler, k = applied.scaler, applied.grad_accum
     total = None
     for i, (xi, yi) in enumerate(zip(x.tensor_split(k), y.tensor_split(k))):
+        if applied.record["compile"]:
+            dynamic_batch(xi, yi)
         applied.offloaded = OffloadedBytes() if applied.offload != "none" else None
         offload = offload_context(applied.offload, applied.offloaded, applied.model.parameters())
         with applied.autocast, offload:
