@@ -15,7 +15,7 @@ from memopt.errors import KernelUnavailable
 from memopt.losses import check_loss, output_loss
 from memopt.offload import OffloadedBytes, offload_context
 from memopt.precision import check_fp8
-from memopt.techniques import apply_technique
+from memopt.techniques import apply_technique, compile_cache_counts
 from memopt.train import technique_optimizer, train_step
 
 TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, seq_len=16, dropout=0.0)
@@ -193,6 +193,8 @@ def test_a_compiled_technique_compiles_once_for_every_batch_size():
         assert torch.isfinite(train_step(applied, opt, x, y, step, TRAIN))
     frames = torch._dynamo.utils.counters["frames"]
     assert frames["ok"] == 1, dict(frames)  # one frame compiled, never recompiled
+    counts = compile_cache_counts()  # recorded in cells and search trials
+    assert counts["graphs"] == 1 and counts["fx_hit"] + counts["fx_miss"] >= 1, counts
     torch._dynamo.reset()
 
 

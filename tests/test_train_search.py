@@ -234,6 +234,20 @@ def test_fit_search_cap_and_nothing_fits():
     assert (found["lo"], found["hi"], calls) == (0, 1, [1])
 
 
+def test_fit_search_of_a_compiled_technique_starts_at_batch_2():
+    """Batch 1 compiles a graph of its own: a compiled technique's first probe is 2. Where only
+    batch 1 fits, the search still finds it."""
+    from memopt.search import _fit_search
+
+    test, calls = simulated(1000.0, 37.0, 80_000)
+    found = _fit_search(test, 1, 100_000, 80_000, first=2)
+    assert calls[:2] == [2, 4] and 1 not in calls
+    assert test(found["lo"]) is not None and test(found["hi"]) is None
+    test, calls = simulated(1000.0, 5_000.0, 7_000)  # 1 fits (6,000 MiB), 2 does not
+    found = _fit_search(test, 1, 64, 7_000, first=2)
+    assert (found["lo"], found["hi"]) == (1, 2) and calls == [2, 1]
+
+
 def test_search_granularity_and_strategies_agree(tokens):
     cfg = study()
     fit = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)

@@ -273,8 +273,10 @@ def test_default_study_dry_run_and_cpu_refusal(mirror, tmp_path):
     default = SNAKEMAKE + ["--cores", "2", "--resources", "gpu=1"]
     proc = subprocess.run(default + ["-n"], cwd=wd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    # 11 techniques x (same, max): 22 cell jobs (a `max` one reuses its `same` run at one batch).
-    for rule, jobs in (("cell", 22), ("search", 11)):
+    # Every technique x (same, max): 2 cell jobs each (a `max` one reuses its `same` run at one
+    # batch), one search each.
+    n = len(yaml.safe_load((ROOT / "config.yaml").read_text())["techniques"])
+    for rule, jobs in (("cell", 2 * n), ("search", n)):
         assert re.search(rf"^{rule}\s+{jobs}$", proc.stdout, re.M), (rule, proc.stdout[-2000:])
     if shutil.which("nvidia-smi"):
         pytest.skip("a GPU is present: the CPU refusal cannot be shown here")

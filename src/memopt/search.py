@@ -27,7 +27,7 @@ from memopt.config import technique_spec
 from memopt.data import Batches, TokenData
 from memopt.errors import MemoptError
 from memopt.measure import MIB, TensorMemoryTracker, is_oom
-from memopt.techniques import apply_technique
+from memopt.techniques import apply_technique, compile_cache_counts
 from memopt.train import (
     budget_bytes,
     free_memory,
@@ -85,6 +85,7 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         # CUDA only (a CPU trial runs under the slow memory tracker): one synchronized step.
         "last_step_ms": last_step_ms,
         "seconds": round(time.perf_counter() - t0, 3),
+        "compile_cache": compile_cache_counts() if spec["compile"] else None,
     }
 
 
@@ -103,8 +104,9 @@ def _linear_fit(ok: dict[int, float]):
     return (p1 - per_sample * b1, per_sample) if per_sample > 0 else None
 
 
-def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
-    """Find lo (fits) and hi = lo + g (fails) with few trials; `test(b)` -> peak MiB or None."""
+def _fit_search(test, g: int, cap: int, available_mib: float, first: int | None = None) -> dict:
+    """Find lo (fits) and hi = lo + g (fails) with few trials; `test(b)` -> peak MiB or None.
+    The first fit uses probes at `first` (default g) and 4 g."""
     ok, tried, lo, hi = {}, set(), 0, None
     first_guess, up, down, guessed = None, g, None, False
 
@@ -118,7 +120,7 @@ def _fit_search(test, g: int, cap: int, available_mib: float) -> dict:
             ok[b], lo = peak, max(lo, b)
         return peak is not None
 
-    for b in sorted({min(g, cap), min(4 * g, cap)}):  # two probes for the first fit
+    for b in sorted({min(first or g, cap), min(4 * g, cap)}):  # two probes for the first fit
         if not run(b):
             break
     fit = _linear_fit(ok)
@@ -224,7 +226,10 @@ def search_max_batch(
     if cap < g:
         found = {"lo": 0, "hi": None, "fit": None, "first_guess": None}
     elif search["strategy"] == "fit":
-        found = _fit_search(test, g, cap, avail)
+        # A compiled model specializes batch 1 (its own graph, ~30 s on an H100); from batch 2
+        # one dynamic-batch graph serves every trial (memopt.techniques.dynamic_batch).
+        first = 2 * g if spec["compile"] else g
+        found = _fit_search(test, g, cap, avail, first)
     else:
         found = _bisect_search(test, g, cap)
     lo, hi, fit = found["lo"], found["hi"], found["fit"]

@@ -73,6 +73,24 @@ def dynamic_batch(*tensors: torch.Tensor) -> None:
         torch._dynamo.maybe_mark_dynamic(t, 0)
 
 
+def compile_cache_counts() -> dict[str, int]:
+    """This process's compile-cache counters (the worker clears them per job): whether a compiled
+    technique's jobs reuse each other's graphs from inductor's and AOTAutograd's disk caches."""
+    from torch._dynamo.utils import counters
+
+    fx, aot = counters["inductor"], counters["aot_autograd"]
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "fx_hit": fx["fxgraph_cache_hit"],
+        "fx_miss": fx["fxgraph_cache_miss"],
+        "fx_bypass": fx["fxgraph_cache_bypass"],
+        "autograd_hit": aot["autograd_cache_hit"],
+        "autograd_miss": aot["autograd_cache_miss"],
+        "autograd_guard_miss": aot["autograd_cache_guard_miss"],
+        "autograd_bypass": aot["autograd_cache_bypass"],
+    }
+
+
 def apply_technique(
     spec: dict, model_cfg: dict, vocab_size: int, seed: int, device: str
 ) -> Applied:

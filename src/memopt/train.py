@@ -42,7 +42,13 @@ from memopt.measure import (
 from memopt.offload import OffloadedBytes, empty_host_cache, offload_context
 from memopt.optimizers import make_optimizer, state_bytes, tensor_bytes
 from memopt.precision import activation_bytes
-from memopt.techniques import Applied, apply_technique, dynamic_batch, eval_model
+from memopt.techniques import (
+    Applied,
+    apply_technique,
+    compile_cache_counts,
+    dynamic_batch,
+    eval_model,
+)
 
 
 def budget_bytes(cfg: dict, device: str) -> float | None:
@@ -247,7 +253,8 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
         "step_time_ms": stats,
         "step_times_ms": times,
         "timed_s": sum(times) / 1e3,
-        "warmup_s": warmup_s,
+        "warmup_s": warmup_s,  # compilation included
+        "compile_cache": compile_cache_counts() if spec["compile"] else None,
         "allocator_events": allocator,
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_s,

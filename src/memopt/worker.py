@@ -213,9 +213,10 @@ def _restore(flags: tuple) -> None:
         for value in vars(module).values():  # lru caches may hold device tensors (masks)
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
-    # Compiled graphs go too: a search's trials leave a dynamic-batch graph that a cell would
-    # reuse where a fresh process compiles a static one (inductor's disk cache keeps it cheap).
+    # Compiled graphs go too, as a fresh process has none: a job finds an earlier job's graphs
+    # in inductor's disk cache, as a fresh process would (its counters count per job).
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     torch._functorch.config.activation_memory_budget = 1.0  # a compiled job's budget
     restore_impl = getattr(torch.nn.attention, "restore_flash_attention_impl", None)
     if restore_impl is not None:  # a flash_attn job may have activated FA3/FA4 for SDPA
