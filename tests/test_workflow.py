@@ -357,3 +357,34 @@ def test_html_report_carries_the_figures_and_the_summary(smoke):
     html = (wd / "report.html").read_text(errors="replace")
     for name in ("memory.png", "throughput.png", "loss.png", "summary.csv"):
         assert name in html
+
+
+def test_jobs_on_several_gpus_lease_distinct_ones(mirror, tmp_path):
+    """`--resources gpu=2` with two (fake) GPUs: every training job records the GPU it leased, and
+    both are used. A job leases the first free GPU, so one on the second means another job held
+    the first at that moment: two ran at once, on different GPUs."""
+    wd = workdir(tmp_path, {"source": "mirror", "mirror": str(mirror.path), "dataset": DATASET})
+    study = yaml.safe_load((wd / "study.yaml").read_text())
+    study["device"] = "auto"  # a GPU study's setting: the CPU here (fake GPUs are only names)
+    study["techniques"] = {k: study["techniques"][k] for k in list(study["techniques"])[:3]}
+    (wd / "study.yaml").write_text(yaml.safe_dump(study))
+    # Training jobs take 4 threads each: 8 cores let two run at once (on 2 real ones).
+    cmd = SNAKEMAKE + ["results/summary.csv", "--cores", "8", "--resources", "gpu=2"]
+    env = dict(
+        os.environ,
+        MEMOPT_FAKE_GPUS="g0,g1",
+        MEMOPT_GPU_LOCK_DIR=str(tmp_path / "locks"),
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.run(
+        cmd + ["--configfile", "study.yaml"], cwd=wd, capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    jobs = [
+        json.loads(p.read_text())
+        for sub in ("search", "cells", "quality")
+        for p in sorted((wd / "results" / sub).rglob("*.json"))
+    ]
+    leases = [j["provenance"]["gpu_lease"] for j in jobs if not j.get("measured_as")]
+    assert len(leases) >= 8 and set(leases) == {"g0", "g1"}, leases
+    assert all(j["provenance"]["gpu_index"] == j["provenance"]["gpu_lease"] for j in jobs)

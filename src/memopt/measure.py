@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import memopt
+from memopt.lease import INDEX_ENV, LEASE_ENV, nvidia_smi
 
 MIB = 2**20
 
@@ -279,16 +280,8 @@ def git_commit(root: Path | None = None) -> str | None:
 
 
 def gpu_driver() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
+    rows = nvidia_smi("driver_version")
+    return rows[0] if rows else None
 
 
 def provenance(device: str) -> dict:
@@ -310,6 +303,9 @@ def provenance(device: str) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "host": platform.node(),
         "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid) if cuda else None,
+        # The GPU leased for the job (memopt.lease): the host's index and the lock's key.
+        "gpu_index": os.environ.get(INDEX_ENV),
+        "gpu_lease": os.environ.get(LEASE_ENV),
         "flash_attn": flash_attn_version,
         "git_commit": git_commit(),
     }

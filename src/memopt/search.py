@@ -26,7 +26,7 @@ import torch
 from memopt.config import technique_spec
 from memopt.data import Batches, TokenData
 from memopt.errors import MemoptError
-from memopt.measure import MIB, TensorMemoryTracker, is_oom
+from memopt.measure import MIB, TensorMemoryTracker, is_oom, provenance
 from memopt.techniques import apply_technique, compile_cache_counts
 from memopt.train import (
     budget_bytes,
@@ -252,4 +252,5 @@ def search_max_batch(
         "device": device,
         "seconds": round(time.perf_counter() - t0, 3),
         "trials": trials,
+        "provenance": provenance(device),  # the GPU leased for the search included
     }

@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 
 from memopt.errors import MemoptError, exit_on_user_error
+from memopt.lease import gpu_lease
 
 CALLS = ("search_file", "cell_file", "quality_file")  # memopt.pipeline functions a job may call
 SRC = Path(__file__).resolve().parents[1]
@@ -129,11 +130,19 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
     """Run memopt.pipeline.<call>(**kwargs) (JSON-able arguments) with its output in log: in the
     warm worker when worker['enabled'], else here. Relays the log to stdout; a user error exits 1
     with its message alone."""
-    from memopt.scripting import logged
-
     if call not in CALLS:
         raise ValueError(f"{call!r} is not a worker call; allowed: {', '.join(CALLS)}")
     log = Path(log).resolve()
+    # One GPU of the host for the job's lifetime (memopt.lease): it pins this process and the
+    # worker it talks to (one per GPU), so concurrent jobs never share a GPU.
+    lease = gpu_lease() if kwargs["cfg"].get("device") != "cpu" else contextlib.nullcontext()
+    with lease:
+        _run_job(worker, call, kwargs, log)
+
+
+def _run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
+    from memopt.scripting import logged
+
     if not worker["enabled"]:
         from memopt import pipeline
 

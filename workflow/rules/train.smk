@@ -1,4 +1,5 @@
-# Training rules hold the GPU: run with --resources gpu=1 so they never share it.
+# Training rules hold a GPU: --resources gpu=N runs N at once, each on a GPU it leases
+# (memopt.lease: concurrent jobs never share one).
 
 
 # The search job first runs the technique's exactness run (results/exactness/): one process, one
