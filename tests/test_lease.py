@@ -1,6 +1,7 @@
 """GPU leases (memopt.lease) with fake GPU ids: concurrent jobs get distinct GPUs, a killed job's
 GPU is free again, a job that finds none free waits instead of sharing."""
 
+import contextlib
 import json
 import os
 import selectors
@@ -53,13 +54,38 @@ def start(env: dict, stop: Path) -> subprocess.Popen:
     )
 
 
+def line(stream, timeout: float = 60.0) -> str:
+    """The stream's next line, or a failure (not a hang) when none comes within `timeout`."""
+    sel = selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    assert sel.select(timeout), f"nothing within {timeout} s"
+    return stream.readline()
+
+
 def leased(proc: subprocess.Popen) -> dict:
-    return json.loads(proc.stdout.readline())
+    return json.loads(line(proc.stdout))
 
 
-def test_concurrent_jobs_get_distinct_gpus(fake_env, tmp_path):
-    stop = tmp_path / "stop"
-    procs = [start(fake_env("0,1,2,3"), stop) for _ in range(4)]
+@pytest.fixture
+def holders(tmp_path):
+    """Start holder processes; whatever happens, they are told to stop and killed at the end."""
+    stop, procs = tmp_path / "stop", []
+
+    def spawn(env: dict) -> subprocess.Popen:
+        procs.append(start(env, stop))
+        return procs[-1]
+
+    yield spawn, stop
+    stop.touch()
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(10)
+        p.kill()
+
+
+def test_concurrent_jobs_get_distinct_gpus(fake_env, holders):
+    spawn, stop = holders
+    procs = [spawn(fake_env("0,1,2,3")) for _ in range(4)]
     got = [leased(p) for p in procs]
     assert sorted(g["gpu"] for g in got) == ["0", "1", "2", "3"]
     assert all(g["visible"] == g["gpu"] == g["index"] for g in got)  # pinned to it alone
@@ -67,12 +93,12 @@ def test_concurrent_jobs_get_distinct_gpus(fake_env, tmp_path):
     assert [p.wait(30) for p in procs] == [0, 0, 0, 0]
 
 
-def test_a_killed_job_frees_its_gpu_and_a_job_without_one_waits(fake_env, tmp_path):
-    stop = tmp_path / "stop"
-    first = start(fake_env("only"), stop)
+def test_a_killed_job_frees_its_gpu_and_a_job_without_one_waits(fake_env, holders):
+    spawn, stop = holders
+    first = spawn(fake_env("only"))
     assert leased(first)["gpu"] == "only"
-    second = start(fake_env("only"), stop)
-    assert "is leased; waiting for one" in second.stderr.readline()
+    second = spawn(fake_env("only"))
+    assert "is leased; waiting for one" in line(second.stderr)
     time.sleep(1.0)  # it polls every 50 ms: it would have leased by now if it could
     sel = selectors.DefaultSelector()
     sel.register(second.stdout, selectors.EVENT_READ)
@@ -96,6 +122,21 @@ def test_lease_restores_the_environment_and_no_gpu_means_no_lease(monkeypatch, t
     monkeypatch.setenv(lease.FAKE_ENV, "")
     with lease.gpu_lease() as none:
         assert none is None
+
+
+def test_a_gpu_with_a_uuid_is_pinned_by_its_uuid(monkeypatch, tmp_path):
+    """nvidia-smi numbers GPUs in PCI order, CUDA by speed: the job is pinned by UUID."""
+    monkeypatch.delenv(lease.FAKE_ENV, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(lease, "_host_gpus", lambda: [("0", "GPU-aaa"), ("1", "GPU-bbb")])
+    with lease.gpu_lease() as gpu:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-aaa" and gpu.index == "0"
+        assert os.environ[lease.INDEX_ENV] == "0" and os.environ[lease.LEASE_ENV] == "GPU-aaa"
+    monkeypatch.setattr(lease, "_host_gpus", lambda: [])  # no nvidia-smi: a warning, no lease
+    said = []
+    with lease.gpu_lease(progress=said.append, require=True) as gpu:
+        assert gpu is None and "without a GPU lease" in said[0]
 
 
 def test_candidates_follow_cuda_visible_devices(monkeypatch):

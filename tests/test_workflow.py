@@ -377,7 +377,12 @@ def test_jobs_on_several_gpus_lease_distinct_ones(mirror, tmp_path):
         PYTHONUNBUFFERED="1",
     )
     proc = subprocess.run(
-        cmd + ["--configfile", "study.yaml"], cwd=wd, capture_output=True, text=True, env=env
+        cmd + ["--configfile", "study.yaml"],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     jobs = [

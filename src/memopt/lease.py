@@ -99,31 +99,39 @@ def _try_lock(path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def gpu_lease(progress=print, poll_s: float = 1.0):
+def gpu_lease(progress=print, poll_s: float = 1.0, require: bool = False):
     """Hold one free GPU for the block: CUDA_VISIBLE_DEVICES names it alone, MEMOPT_GPU_LEASE and
-    MEMOPT_GPU_INDEX say which one; yields the Gpu, or None where there is no GPU (a CPU study).
-    Waits while every GPU is leased; the environment is restored afterwards."""
+    MEMOPT_GPU_INDEX say which one; yields the Gpu, or None where there is no GPU list (with a
+    warning where `require`: a CUDA study). Waits while every GPU is leased; the environment is
+    restored afterwards."""
     gpus = candidates()
     if not gpus:
+        if require:
+            progress(
+                "memopt: no GPU list (nvidia-smi found none, CUDA_VISIBLE_DEVICES is unset): "
+                "this job runs without a GPU lease; run one training job at a time (gpu=1)"
+            )
         yield None
         return
     folder = lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the workers' sockets live there
+    folder.mkdir(exist_ok=True)
     waiting_since = None
     while True:
         for gpu in gpus:
             fd = _try_lock(folder / (re.sub(r"[^A-Za-z0-9_.-]", "_", gpu.key) + ".lock"))
             if fd is None:
                 continue
-            if waiting_since is not None:
-                progress(
-                    f"memopt: GPU {gpu.index} leased after {time.monotonic() - waiting_since:.0f} s"
-                )
             saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", LEASE_ENV, INDEX_ENV)}
-            os.environ.update(
-                {"CUDA_VISIBLE_DEVICES": gpu.visible, LEASE_ENV: gpu.key, INDEX_ENV: gpu.index}
-            )
             try:
+                if waiting_since is not None:
+                    waited = time.monotonic() - waiting_since
+                    progress(f"memopt: GPU {gpu.index} leased after {waited:.0f} s")
+                # By UUID where known: nvidia-smi's indices follow the PCI order, CUDA's speed.
+                pin = gpu.key if gpu.key.startswith(("GPU-", "MIG-")) else gpu.visible
+                os.environ.update(
+                    {"CUDA_VISIBLE_DEVICES": pin, LEASE_ENV: gpu.key, INDEX_ENV: gpu.index}
+                )
                 yield gpu
             finally:
                 for k, v in saved.items():

@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 from memopt.errors import MemoptError, exit_on_user_error
-from memopt.lease import gpu_lease
+from memopt.lease import LEASE_ENV, gpu_lease
 
 CALLS = ("search_file", "cell_file", "quality_file")  # memopt.pipeline functions a job may call
 SRC = Path(__file__).resolve().parents[1]
@@ -40,8 +40,10 @@ ENV_PREFIXES = ("MEMOPT_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_")
 
 def socket_path(workdir: Path | None = None) -> Path:
     """Local (never on a shared filesystem), short (sun_path holds ~100 bytes), one per working
-    directory and GPU set."""
-    slot = f"{Path(workdir or os.getcwd()).resolve()}|{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"
+    directory and GPU (set)."""
+    # The lease too: under SLURM every job's GPU may be CUDA_VISIBLE_DEVICES=0.
+    gpu = f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}|{os.environ.get(LEASE_ENV, '')}"
+    slot = f"{Path(workdir or os.getcwd()).resolve()}|{gpu}"
     name = hashlib.sha256(slot.encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"memopt-{os.getuid()}" / f"{name}.sock"
 
@@ -135,7 +137,8 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
     log = Path(log).resolve()
     # One GPU of the host for the job's lifetime (memopt.lease): it pins this process and the
     # worker it talks to (one per GPU), so concurrent jobs never share a GPU.
-    lease = gpu_lease() if kwargs["cfg"].get("device") != "cpu" else contextlib.nullcontext()
+    device = kwargs["cfg"].get("device")
+    lease = gpu_lease(require=device == "cuda") if device != "cpu" else contextlib.nullcontext()
     with lease:
         _run_job(worker, call, kwargs, log)
 
