@@ -153,3 +153,20 @@ def test_candidates_follow_cuda_visible_devices(monkeypatch):
         ("2", "GPU-ccc", "2"),
         ("GPU-aaa", "GPU-aaa", "0"),
     ]
+
+
+def test_a_cell_refuses_a_search_from_another_gpu_model(tmp_path):
+    """The batch a cell trains comes from a search (its own for `max`, the baseline's for `same`):
+    from another GPU model it is refused unless mixed_gpus: allow."""
+    from memopt.errors import MemoptError
+    from memopt.pipeline import check_same_gpu_model
+    from memopt.results import write_json
+
+    h100 = tmp_path / "flash.json"
+    write_json(h100, {"max_batch": 117, "provenance": {"gpu": "NVIDIA H100 80GB HBM3"}})
+    cpu, old = tmp_path / "baseline.json", tmp_path / "old.json"
+    write_json(cpu, {"max_batch": 50, "provenance": {"gpu": None}})
+    write_json(old, {"max_batch": 50})  # searched before provenance was recorded
+    with pytest.raises(MemoptError, match=r"flash.json was searched on NVIDIA H100.*a CPU.*allow"):
+        check_same_gpu_model([h100], "cpu")
+    check_same_gpu_model([cpu, old, tmp_path / "missing.json"], "cpu")  # same model: fine

@@ -80,6 +80,24 @@ def quality_file(
     return result
 
 
+def check_same_gpu_model(searches: list[Path], device: str) -> None:
+    """A cell trains at a batch its search found: on another GPU model that batch proves nothing
+    (a search without provenance, from before it was recorded, is not checked)."""
+    here = torch.cuda.get_device_name() if device == "cuda" else None
+    for path in searches:
+        if not path.exists():
+            continue
+        prov = read_json(path).get("provenance")
+        if prov is not None and prov.get("gpu") != here:
+            raise MemoptError(
+                f"{path} was searched on {prov.get('gpu') or 'a CPU'}, this cell runs on "
+                f"{here or 'a CPU'}: a maximum batch holds only on the GPU model it was searched "
+                f"on. Rerun the search here (snakemake --forcerun {path}), pin the study to one "
+                "model (CUDA_VISIBLE_DEVICES, a SLURM constraint), or set mixed_gpus: allow "
+                "(allowed: refuse, allow)"
+            )
+
+
 def cell_file(
     cfg: dict,
     technique: str,
@@ -94,9 +112,10 @@ def cell_file(
     batch this entry resolves to, that run is written again under this entry instead."""
     device = _setup(cfg, threads)
     search_dir = Path(search_dir)
-    batch = resolve_batch(
-        entry, search_dir / f"{technique}.json", search_dir / f"{cfg['baseline']}.json"
-    )
+    own, baseline = search_dir / f"{technique}.json", search_dir / f"{cfg['baseline']}.json"
+    if cfg.get("mixed_gpus", "refuse") == "refuse":  # the search this entry's batch comes from
+        check_same_gpu_model({"max": [own], "same": [baseline]}.get(entry, []), device)
+    batch = resolve_batch(entry, own, baseline)
     if same_cell is not None and read_json(Path(same_cell)).get("batch_size") == batch:
         print(
             f"[cell {technique} {entry}] batch {batch} is the {Path(same_cell).stem} cell's: reused"

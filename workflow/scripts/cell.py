@@ -4,11 +4,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
 
+from memopt.config import validate_config  # noqa: E402
 from memopt.scripting import worker_settings  # noqa: E402
 from memopt.worker import run_job  # noqa: E402
 
 sm = snakemake  # noqa: F821
-study = dict(sm.params.study, techniques={sm.wildcards.technique: sm.params.spec})
+# mixed_gpus from the config, not a rule parameter: changing it reruns nothing.
+study = dict(
+    sm.params.study,
+    techniques={sm.wildcards.technique: sm.params.spec},
+    mixed_gpus=validate_config(sm.config)["mixed_gpus"],
+)
 args = dict(
     cfg=study,
     technique=sm.wildcards.technique,
