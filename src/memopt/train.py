@@ -4,8 +4,8 @@ Protocol: `measure.warmup_steps` steps first (compilation, autotuning, allocator
 optimizer-state warm-up; excluded), the last of them measured phase by phase (memory after each
 phase and a breakdown). Then timed steps, each on its own, until the 95% confidence half-width of
 the mean step time is within `measure.target_rel_ci` of the mean (between `min_timed_steps` and
-`max_timed_steps`, or until `max_timed_s` seconds of timed steps). Peak memory covers whole steps, optimizer step included: on CUDA the
-allocator's peak over the timed steps (reset after warm-up) and its retry/OOM counters over them;
+`max_timed_steps`, or until `max_timed_s` seconds of timed steps). Peak memory covers whole
+steps, optimizer step included: on CUDA the allocator's peak over the timed steps (reset after warm-up) and its retry/OOM counters over them;
 on a CPU the tracked tensor memory over the warm-up steps (tracking is too slow to time).
 Quality is not measured here: see memopt.quality (one run per function, several seeds).
 """

@@ -5,15 +5,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
 
 from memopt.config import validate_config  # noqa: E402
-from memopt.scripting import worker_settings  # noqa: E402
 from memopt.worker import run_job  # noqa: E402
 
 sm = snakemake  # noqa: F821
-# mixed_gpus from the config, not a rule parameter: changing it reruns nothing.
+# worker and mixed_gpus from the config, not rule parameters: changing them reruns nothing.
+settings = validate_config(sm.config)
 study = dict(
     sm.params.study,
     techniques={sm.wildcards.technique: sm.params.spec},
-    mixed_gpus=validate_config(sm.config)["mixed_gpus"],
+    mixed_gpus=settings["mixed_gpus"],
 )
 args = dict(
     cfg=study,
@@ -25,4 +25,4 @@ args = dict(
     threads=sm.threads,
     same_cell=sm.input.same or None,  # for `max`: the same cell, reused when the batch is equal
 )
-run_job(worker_settings(sm.config), "cell_file", args, sm.log[0])
+run_job(settings["worker"], "cell_file", args, sm.log[0])
