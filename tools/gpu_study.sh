@@ -22,6 +22,7 @@
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
 # STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONE_CALL=1 runs them all in one Snakemake
 # call (no deadline: one machine for the whole study, no DAG rebuilt per target).
+# STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.lease gives each its own GPU).
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -66,7 +67,7 @@ setup() {
 smk() {
   find Snakefile config.yaml config envs workflow src paper/templates -type f \
     -exec touch -d @1767225600 {} +   # 2026-01-01: older than any result of the study
-  python3 -m snakemake "$@" --cores all --resources gpu=1 --configfile "$CONFIGFILE" --config "$CORPUS"
+  python3 -m snakemake "$@" --cores all --resources gpu=${STUDY_GPUS:-1} --configfile "$CONFIGFILE" --config "$CORPUS"
 }
 # The data that must be identical on every machine (stats.json and spm.json name local paths and
 # times: the first piece's copies come back with the state).

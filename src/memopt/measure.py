@@ -20,6 +20,19 @@ import memopt
 from memopt.lease import INDEX_ENV, LEASE_ENV, nvidia_smi
 
 MIB = 2**20
+# When the running job got its GPU (memopt.worker.run_job sets it): provenance records it with the
+# job's end, so that jobs on one GPU can be shown never to overlap, and jobs on several to overlap.
+_job_started: list[float | None] = [None]
+
+
+def mark_job_started(t: float | None) -> None:
+    _job_started[0] = t
+
+
+def _utc(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -308,6 +321,8 @@ def provenance(device: str) -> dict:
         "gpu_lease": os.environ.get(LEASE_ENV),
         "flash_attn": flash_attn_version,
         "git_commit": git_commit(),
+        "started": _utc(_job_started[0]),
+        "finished": _utc(time.time()),
     }
 
 

@@ -140,15 +140,17 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
     device = kwargs["cfg"].get("device")
     lease = gpu_lease(require=device == "cuda") if device != "cpu" else contextlib.nullcontext()
     with lease:
-        _run_job(worker, call, kwargs, log)
+        _run_job(worker, call, kwargs, log, started=time.time())
 
 
-def _run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
+def _run_job(worker: dict, call: str, kwargs: dict, log: Path, started: float) -> None:
     from memopt.scripting import logged
 
     if not worker["enabled"]:
         from memopt import pipeline
+        from memopt.measure import mark_job_started
 
+        mark_job_started(started)
         with logged(log):
             getattr(pipeline, call)(**kwargs)
         return
@@ -159,6 +161,7 @@ def _run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_bytes(b"")
         request = {"op": "run", "call": call, "kwargs": kwargs, "log": str(log), "cwd": os.getcwd()}
+        request["started"] = started
         reply = _run_remote(path, request, log)
         if reply is None:
             raise MemoptError(
@@ -244,8 +247,10 @@ def _restore(flags: tuple) -> None:
 
 def _job(request: dict, jobs: int) -> dict:
     from memopt import pipeline
+    from memopt.measure import mark_job_started
 
     os.chdir(request["cwd"])
+    mark_job_started(request.get("started"))
     with (
         open(request["log"], "a", encoding="utf-8", buffering=1) as log,
         contextlib.redirect_stdout(log),
