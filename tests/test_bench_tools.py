@@ -3,6 +3,8 @@ error would cost device time: tools/bench_techniques.py once did, after protocol
 
 import argparse
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,3 +58,60 @@ def test_bench_goals_count_only_exact_techniques():
         0
     ] and lines[0].endswith("ok")
     assert "compiled_chunked at batch 64: 380" in lines[1] and lines[1].endswith("BELOW")
+
+
+def _benchmarks(root: Path, times: dict[str, float]) -> None:
+    for job, s in times.items():
+        f = root / "results" / "benchmarks" / f"{job}.tsv"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"s\th:m:s\n{s}\t0:00:00\n")
+
+
+def test_study_critical_path_follows_the_workflow_dependencies(tmp_path, capsys):
+    """Cells wait for their own and the baseline's search, `max` for `same`; quality runs only for
+    the data. By hand: on 2 GPUs quality 0-12 and search/a 0-10, search/b 10-15, cell/a/same
+    15-18, cell/a/max 18-22; the chain search/a, same, max is 17 s."""
+    cp = load("study_critical_path")
+    times = {"corpus": 1.0, "render": 2.0, "search/a": 10.0, "search/b": 5.0,
+             "cell/a/same": 3.0, "cell/a/max": 4.0, "quality/x/1": 12.0}  # fmt: skip
+    assert cp.critical_path(times, "b") == 17.0
+    assert cp.schedule(times, "b", 1) == 34.0
+    assert cp.schedule(times, "b", 2) == 22.0
+    assert cp.schedule(times, "b", 8) == 17.0  # as many GPUs as jobs: the longest chain
+    _benchmarks(tmp_path, times)
+    sys.argv = ["study_critical_path", str(tmp_path), "--baseline", "b", "--gpus", "1", "2"]
+    cp.main()
+    out = capsys.readouterr().out
+    assert "critical path of the training jobs 17 s" in out
+    assert "| 2 | 25 | 1.48x |" in out  # 3 s of data and paper rules around 22 s
+
+
+def _result(root: Path, job: str, gpu: str, start: int, end: int, **extra) -> None:
+    f = root / "results" / f"{job}.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    stamp = "2026-11-23T10:00:{:02d}.000Z".format
+    prov = {"gpu_uuid": gpu, "started": stamp(start), "finished": stamp(end)}
+    f.write_text(json.dumps({"provenance": prov, **extra}))
+
+
+def test_scaleout_report_finds_overlaps_and_refuses_sharing(tmp_path, capsys):
+    report = load("scaleout_report")
+    one, two = tmp_path / "one", tmp_path / "two"
+    cell = {"batch_size": 8, "step_time_ms": {"median": 100.0}}
+    for run in (one, two):
+        _result(run, "search/a", "u0", 0, 5, max_batch=8)
+        _benchmarks(run, {"search/a": 5.0})
+    _result(one, "cells/a/same", "u0", 6, 9, **cell)
+    _result(two, "cells/a/same", "u1", 2, 4, **(cell | {"step_time_ms": {"median": 101.0}}))
+    _result(two, "quality/x/1", "u1", 5, 8)
+    sys.argv = ["scaleout_report", str(one), str(two)]
+    assert report.main() == 0
+    out = capsys.readouterr().out
+    assert "2 GPUs used: u0, u1." in out and "1 pairs of jobs ran at the same time" in out
+    assert "| a/same (batch 8) | 100.0 | 101.0 | 1.010 |" in out and "| a | 8 | 8 |" in out
+    _result(two, "quality/x/2", "u1", 7, 9)  # overlaps quality/x/1 on u1
+    assert report.main() == 1
+    assert (
+        "OVERLAP ON ONE GPU: quality/x/1.json and quality/x/2.json (1.0 s)"
+        in capsys.readouterr().out
+    )

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -390,6 +391,22 @@ def test_jobs_on_several_gpus_lease_distinct_ones(mirror, tmp_path):
         for sub in ("search", "cells", "quality")
         for p in sorted((wd / "results" / sub).rglob("*.json"))
     ]
-    leases = [j["provenance"]["gpu_lease"] for j in jobs if not j.get("measured_as")]
+    own = [j["provenance"] for j in jobs if not j.get("measured_as")]
+    leases = [p["gpu_lease"] for p in own]
     assert len(leases) >= 8 and set(leases) == {"g0", "g1"}, leases
     assert all(j["provenance"]["gpu_index"] == j["provenance"]["gpu_lease"] for j in jobs)
+    # Each result records when its job got the GPU and when it finished: on one GPU the spans never
+    # overlap; across the two, some do (a job on g1 means g0 was held at that moment).
+    spans = [(p["gpu_lease"], _when(p["started"]), _when(p["finished"])) for p in own]
+    assert all(a < b for _, a, b in spans), spans
+    overlaps = [
+        (g1, g2)
+        for i, (g1, a1, b1) in enumerate(spans)
+        for g2, a2, b2 in spans[i + 1 :]
+        if min(b1, b2) > max(a1, a2)
+    ]
+    assert overlaps and all(g1 != g2 for g1, g2 in overlaps), (overlaps, spans)
+
+
+def _when(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

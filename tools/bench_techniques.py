@@ -36,6 +36,7 @@ TECHNIQUES = {
     "flash_gradcp": {"precision": "bf16", "attention": "flash", "checkpointing": "full"},
     "flash_selective": {"precision": "bf16", "attention": "flash", "checkpointing": "selective"},
     "flash_compile": {"precision": "bf16", "attention": "flash", "compile": True},
+    "cudnn_compile": {"precision": "bf16", "attention": "cudnn", "compile": True},
     "flash_chunked": {"precision": "bf16", "attention": "flash", "loss": "chunked"},
     "flash_gradcp_chunked": {
         "precision": "bf16",
