@@ -115,3 +115,15 @@ def test_scaleout_report_finds_overlaps_and_refuses_sharing(tmp_path, capsys):
         "OVERLAP ON ONE GPU: quality/x/1.json and quality/x/2.json (1.0 s)"
         in capsys.readouterr().out
     )
+
+
+def test_committed_scaleout_check_shows_two_gpus_at_once_and_same_timings(capsys):
+    """studies/h200x2-scaleout (README, "Scale out"): two H200 UUIDs, jobs at once on both, none
+    overlapping on one, each cell's median step time within 2% of the one-GPU run's."""
+    runs = ROOT / "studies" / "h200x2-scaleout"
+    sys.argv = ["scaleout_report", str(runs / "gpus1"), str(runs / "gpus2")]
+    assert load("scaleout_report").main() == 0
+    out = capsys.readouterr().out
+    assert "2 GPUs used" in out and "10 pairs of jobs ran at the same time" in out
+    ratios = [float(line.split("|")[-2]) for line in out.splitlines() if "(batch " in line]
+    assert len(ratios) == 4 and all(0.98 <= r <= 1.02 for r in ratios), ratios
