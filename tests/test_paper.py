@@ -416,3 +416,34 @@ def test_stage_times_and_reference_comparison(study, tmp_path):
     assert row["memory reduction (theirs / ours)"].startswith("75.0% / ")
     # max batch: theirs 80 / 32; ours local128 24 / baseline 8 (the synthetic searches)
     assert row["max batch vs baseline (theirs / ours)"] == "2.50x / 3.00x"
+
+
+def test_paper_lists_the_gpus_and_warns_when_cells_mixed_models(study, tmp_path):
+    """Issue 13: a table of the GPUs each job ran on (model, UUID, host, jobs of each kind), and a
+    warning in the method and there when the timing cells ran on more than one GPU model."""
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "u-h100", "host": "node1"}
+    h200 = {"gpu": "NVIDIA H200", "gpu_uuid": "u-h200", "host": "node2"}
+    cells = [make_cell(t, "same", 8) | {"provenance": h100} for t in TECHNIQUES]
+    out_md, _ = render_cells(study, tmp_path / "one", cells)
+    text = out_md.read_text()
+    rows = md_table(text, "UUID")
+    assert rows == [{"GPU": h100["gpu"], "UUID": "u-h100", "host": "node1",
+                     "timing cells": str(len(TECHNIQUES)), "searches": "0", "quality runs": "0"}]  # fmt: skip
+    assert "Warning" not in text and "GPU models" not in text
+    cells[-1]["provenance"] = h200
+    out_md, out_tex = render_cells(study, tmp_path / "two", cells)
+    text = out_md.read_text()
+    assert [(r["UUID"], r["timing cells"]) for r in md_table(text, "UUID")] == [
+        ("u-h100", str(len(TECHNIQUES) - 1)),
+        ("u-h200", "1"),
+    ]
+    assert "**The timing cells ran on 2 GPU models** (see Reproducibility)" in text
+    assert (
+        "**Warning:** the timing cells ran on 2 GPU models (NVIDIA H100 80GB HBM3, NVIDIA H200)"
+        in text
+    )
+    tex_text = out_tex.read_text()
+    assert "u-h200 & node2 & 1 & 0 & 0" in tex_text.replace("\\texttt{\\scriptsize ", "").replace(
+        "}", ""
+    )
+    assert "\\textbf{Warning:} the timing cells ran on 2 GPU models" in tex_text

@@ -17,6 +17,7 @@ import yaml
 
 from memopt.errors import MemoptError
 from memopt.paper_format import make_environment
+from memopt.paper_gpus import gpus_used
 from memopt.paper_reference import ratio, reference_comparison
 from memopt.results import (
     FIGURE_NAMES,
@@ -317,6 +318,7 @@ def build_context(
         "increments": incremental_effects(cells),
         "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
         "provenance": _provenance(cells),
+        "where": gpus_used(cells, searches, runs),
     }
 
 
