@@ -146,7 +146,9 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
 def _run_job(worker: dict, call: str, kwargs: dict, log: Path, started: float) -> None:
     from memopt.scripting import logged
 
-    if not worker["enabled"]:
+    # Under SLURM the job's allocation ends with it: a warm worker would be killed with it, or
+    # outlive it on a GPU that is no longer the job's. The job runs here.
+    if not worker["enabled"] or os.environ.get("SLURM_JOB_ID"):
         from memopt import pipeline
         from memopt.measure import mark_job_started
 

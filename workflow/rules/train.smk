@@ -1,5 +1,6 @@
 # Training rules hold a GPU: --resources gpu=N runs N at once, each on a GPU it leases
-# (memopt.lease: concurrent jobs never share one).
+# (memopt.lease: concurrent jobs never share one). On SLURM (profiles/slurm) the executor asks for
+# that GPU (--gpus=1, or --gpus=<gpu_model>:1 with the config's gpu_model).
 
 
 # The search job first runs the technique's exactness run (results/exactness/): one process, one
@@ -15,7 +16,7 @@ rule search:
         study=SEARCH_PARAMS,
         spec=lambda w: STUDY["techniques"][w.technique],
     resources:
-        gpu=1,
+        **TRAIN_RESOURCES,
     threads: 4
     log:
         "logs/search/{technique}.log",
@@ -44,7 +45,7 @@ rule cell:
         study=TRAIN_PARAMS,
         spec=lambda w: STUDY["techniques"][w.technique],
     resources:
-        gpu=1,
+        **TRAIN_RESOURCES,
     threads: 4
     log:
         "logs/cell/{technique}/{batch}.log",
@@ -68,7 +69,7 @@ rule quality:
         study=QUALITY_PARAMS,
         techniques=lambda w: {t: STUDY["techniques"][t] for t in FUNCTIONS[w.function]},
     resources:
-        gpu=1,
+        **TRAIN_RESOURCES,
     threads: 4
     log:
         "logs/quality/{function}/{seed}.log",
