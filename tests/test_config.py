@@ -90,6 +90,12 @@ def test_defaults_fill_nested_and_per_technique():
         ({"measure": {"min_timed_steps": -3}}, ["measure.min_timed_steps", "-3", ">= 2"]),
         ({"corpus": {"source": "ftp"}}, ["corpus.source", "'ftp'", "'mirror'"]),
         ({"corpus": {"source": "mirror"}}, ["corpus.mirror", "mirror"]),
+        # Issue 14: a dataset name is never a path (the mirror lookup would build one from it).
+        (
+            {"corpus": {"dataset": "../../etc/passwd"}},
+            ["corpus.dataset", "'../../etc/passwd'", "matching", "[A-Za-z0-9_-]"],
+        ),
+        ({"gpu_model": "h100 --x"}, ["gpu_model", "'h100 --x'", "matching"]),
         ({"batch_sizes": ["same", "huge"]}, ["batch_sizes[1]", "'huge'", "'max'"]),
         ({"model": {"n_heads": 5}}, ["model.n_heads", "5", "divisor of 768"]),
         ({"colour": "red"}, ["unknown key 'colour'", "allowed:", "techniques"]),

@@ -14,6 +14,7 @@ from datetime import datetime
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import zstandard
 from speakleash.config_loader import ConfigLoader
 
 from memopt.corpus import normalize_text, prepare_corpus
@@ -256,3 +257,63 @@ def test_cached_failure_is_not_reused(speakleash_mirror, tmp_path):
         (tmp_path / "cache" / f"{key}{stamp}.json").write_text("null")
         stats, *_ = run(corpus_cfg(speakleash_mirror, mirror=url), tmp_path)
     assert stats["documents_in"] == 12
+
+
+def _zst(*lines: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(b"\n".join(lines) + b"\n")
+
+
+GOOD_LINE = json.dumps({"text": "Dobry tekst. " * 40, "meta": {"quality": "HIGH"}}).encode()
+# Issue 14's four ways a download or a half-synced mirror leaves the dataset file broken, each
+# with the place and the cause the message must name.
+BROKEN = {
+    "an error page saved as the file": (
+        lambda good: b"<html><body>502 Bad Gateway</body></html>\n" * 30,
+        "at its start: not zstd-compressed data",
+    ),
+    "truncated": (lambda good: good[: len(good) // 2], "at its end: .*the file is truncated"),
+    "a line that is not JSON": (
+        lambda good: _zst(GOOD_LINE, b"<<this is not json>>"),
+        "at line 2: not JSON",
+    ),
+    "a record without text": (
+        lambda good: _zst(GOOD_LINE, b'{"body": "x", "meta": {}}'),
+        r"at line 2: a record without a `text` field \(its fields: body, meta\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_broken_dataset_file_names_file_and_place(make_speakleash_mirror, speakleash_documents, tmp_path, case):  # fmt: skip
+    mirror = make_speakleash_mirror(speakleash_documents)
+    path = mirror.path / f"{mirror.dataset}.jsonl.zst"
+    broken, match = BROKEN[case]
+    data = broken(path.read_bytes())
+    path.write_bytes(data)
+    manifest = mirror.path / f"{mirror.dataset}.manifest"  # a mirror whose manifest agrees
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"file_size": len(data)}))
+    with pytest.raises(CorpusError, match=match) as err:
+        run(corpus_cfg(mirror), tmp_path)
+    text = str(err.value)
+    assert (
+        f"corpus.dataset: '{mirror.dataset}': {mirror.dataset}.jsonl.zst from {mirror.path}" in text
+    )
+    assert "run again to download it anew" in text and "repair the mirror" in text
+    # Nothing half-written: no output, and the broken download is not kept for the next run.
+    files = [p.name for d in ("out", "cache") for p in (tmp_path / d).rglob("*") if p.is_file()]
+    assert files == [], files
+
+
+def test_records_read_as_speakleash_reads_them(tmp_path):
+    """memopt.corpus_file.records gives what speakleash's own reader gives for a sound file:
+    several zstd frames, paragraphs given as a list, records with and without meta."""
+    from lm_dataformat import Reader
+
+    from memopt.corpus_file import records
+
+    path = tmp_path / "d.jsonl.zst"
+    frame2 = _zst(b'{"text": ["p1", "p2"], "meta": {"name": "x"}}', b'{"text": "no meta"}')
+    path.write_bytes(_zst(GOOD_LINE) + frame2)
+    ours = list(records(path))
+    assert ours == list(Reader(str(path)).stream_data(get_meta=True))
+    assert [t for t, _ in ours[1:]] == ["p1\n\np2", "no meta"]

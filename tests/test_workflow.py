@@ -245,6 +245,25 @@ def test_bad_config_stops_before_the_dag(smoke):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+def test_broken_corpus_stops_the_corpus_rule_with_one_message(mirror, tmp_path):
+    """Issue 14: a dataset file that is not zstd (a server's error page saved under its name) stops
+    the `corpus` rule with memopt's message naming the file and the place, no traceback, and
+    nothing left under data/. (tests/test_corpus.py covers every way a file can be broken.)"""
+    broken = tmp_path / "mirror"
+    shutil.copytree(mirror.path, broken)
+    page = b"<html><body>502 Bad Gateway</body></html>\n" * 30
+    (broken / f"{DATASET}.jsonl.zst").write_bytes(page)
+    manifest = broken / f"{DATASET}.manifest"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"file_size": len(page)}))
+    wd = workdir(tmp_path / "wd", {"source": "mirror", "mirror": str(broken), "dataset": DATASET})
+    proc = snakemake(wd, "data/corpus/stats.json", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"{DATASET}.jsonl.zst from {broken} is broken at its start: not zstd" in out, out[-3000:]
+    assert "Traceback" not in out
+    assert [p for p in (wd / "data").rglob("*") if p.is_file()] == []
+
+
 @contextlib.contextmanager
 def http_server(directory: Path):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))

@@ -83,6 +83,10 @@ CONF
   chmod 600 "$CONF/slurmdbd.conf"
 }
 
+daemon() {  # start a daemon detached from the caller: its own session, no inherited output
+  setsid -f "$@" </dev/null >/dev/null 2>&1
+}
+
 halt() {  # halt NAME: stop a daemon and wait until it is gone
   pkill -x "$1" || return 0
   local end=$(( SECONDS + 30 ))
@@ -101,18 +105,18 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 start() {
   command -v slurmctld >/dev/null || { echo "slurm_local: SLURM is not installed (run: $0 install)" >&2; exit 1; }
   configure
-  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+  pgrep -x munged >/dev/null || daemon runuser -u munge -- /usr/sbin/munged
   pgrep -x mariadbd >/dev/null || pgrep -x mysqld >/dev/null \
-    || (cd / && setsid mysqld_safe --user=mysql >/dev/null 2>&1 < /dev/null &)
+    || (cd / && daemon mysqld_safe --user=mysql)
   wait_for 60 MariaDB mysqladmin ping
-  pgrep -x slurmdbd >/dev/null || slurmdbd
+  pgrep -x slurmdbd >/dev/null || daemon slurmdbd
   wait_for 60 slurmdbd sacctmgr -n show cluster
   sacctmgr -i add cluster "$CLUSTER" >/dev/null 2>&1 || true
   sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" >/dev/null 2>&1 || true
   sacctmgr -i add user root account="$ACCOUNT" cluster="$CLUSTER" >/dev/null 2>&1 || true
   if [ -n "${SUDO_USER:-}" ]; then sacctmgr -i add user "$SUDO_USER" account="$ACCOUNT" >/dev/null 2>&1 || true; fi
-  pgrep -x slurmctld >/dev/null || slurmctld
-  pgrep -x slurmd >/dev/null || slurmd
+  pgrep -x slurmctld >/dev/null || daemon slurmctld
+  pgrep -x slurmd >/dev/null || daemon slurmd
   wait_for 60 "the node $NODE" bash -c "sinfo -h -N -o %t | grep -qx idle"
   echo "SLURM $(sinfo -V | cut -d' ' -f2) up: cluster $CLUSTER, partition $PARTITION, account $ACCOUNT, node $NODE ($(nproc) CPUs, gpu:fake:2)"
 }

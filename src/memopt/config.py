@@ -103,6 +103,8 @@ def _allowed(err: jsonschema.ValidationError) -> str:
         return f"type {s['type']}"
     if err.validator == "anyOf":
         return " or ".join(_describe(sub) for sub in s["anyOf"])
+    if err.validator == "pattern":
+        return f"text matching the regular expression {s['pattern']}"
     return err.message
 
 

@@ -3,6 +3,7 @@
 The data always goes through the real speakleash API (`Speakleash(dir).get(name).ext_data`), also for
 a mirror: a mirror URL replaces the package's baked server URL, and a mirror directory is served on a
 loopback HTTP server for the duration of the call, so online and offline runs share one code path.
+The downloaded file is read by memopt.corpus_file, which names the line where a file is broken.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from speakleash.dataset import dataset as speakleash_dataset
 from speakleash.downloader import structure_downloader
 from tqdm import tqdm
 
+from memopt.corpus_file import BrokenFile, records
 from memopt.errors import CorpusError
 from memopt.fileio import atomic_path, write_json
 
@@ -251,7 +253,7 @@ def _open_dataset(base: str, where: str, cfg: dict, cache_dir: Path):
             f"corpus.dataset: {name!r}: the download of {name}.jsonl.zst from {where} failed or "
             f"was incomplete (expected {expected} bytes); run again, or " + offline_hint(name)
         )
-    return dataset, stream
+    return dataset, records(local)  # read here rather than by speakleash: see corpus_file
 
 
 def _doc_id(meta: dict, sha: str) -> str:
@@ -315,6 +317,16 @@ def _select(stream, cfg: dict, counts: dict) -> list[dict]:
     return docs
 
 
+@contextmanager
+def _cleaned_on_error(cache_dir: Path) -> Iterator[None]:
+    """A failed fetch leaves no speakleash structure cache behind (nothing half-written)."""
+    try:
+        yield
+    except CorpusError:
+        _remove_structure_cache(cache_dir)
+        raise
+
+
 def prepare_corpus(
     cfg: dict, train_out: Path, val_out: Path, stats_out: Path, cache_dir: Path
 ) -> dict:
@@ -342,12 +354,22 @@ def prepare_corpus(
         "truncated": False,
         "quality_labels_seen": False,
     }
-    with _source_url(cfg) as (base, recorded):
+    with _source_url(cfg) as (base, recorded), _cleaned_on_error(cache_dir):
         _check_reachable(base, cfg)
         _remove_structure_cache(cache_dir)
         with _network_timeouts(cfg["timeout_s"]):
             dataset, stream = _open_dataset(base, recorded, cfg, cache_dir)
-            docs = _select(stream, cfg, counts)
+            try:
+                docs = _select(stream, cfg, counts)
+            except BrokenFile as err:
+                name = cfg["dataset"]
+                (cache_dir / f"{name}.jsonl.zst").unlink(missing_ok=True)
+                raise CorpusError(
+                    f"corpus.dataset: {name!r}: {name}.jsonl.zst from {recorded} is broken at "
+                    f"{err.where}: {err.what}. The downloaded copy is deleted: run again to "
+                    "download it anew. If it is broken again, so is the source: repair the "
+                    "mirror's file, or choose another corpus.dataset."
+                ) from None
 
     if len(docs) < 2:
         raise CorpusError(
