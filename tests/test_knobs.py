@@ -309,6 +309,27 @@ def _refused(knobs: dict, **config) -> str:
             ["techniques.t.loss: 'liger'", "techniques.t.precision 'fp16'", "underflows"],
         ),
         ({"offload": "gpu"}, {}, ["techniques.t.offload", "'activations'"]),
+        # Issue 14: kernels that cannot run on the configured device, refused before the DAG.
+        (
+            {"precision": "fp32", "attention": "flash"},
+            {"device": "cuda"},
+            ["techniques.t.attention: 'flash'", "precision 'fp32'", "'cuda'", "FP16/BF16"],
+        ),
+        (
+            {"precision": "tf32", "attention": "cudnn"},
+            {"device": "cuda"},
+            ["techniques.t.attention: 'cudnn'", "precision 'tf32'", "allowed with tf32: math"],
+        ),
+        (
+            {"precision": "fp32", "attention": "efficient"},
+            {"device": "cpu"},
+            ["techniques.t.attention: 'efficient'", "'cpu'", "allowed on a CPU: math, flash"],
+        ),
+        (
+            {"attention": "flex", "window": 8},
+            {"device": "cpu"},
+            ["techniques.t.attention: 'flex'", "'cpu'"],
+        ),
     ],
 )
 def test_impossible_combinations_are_refused_before_any_training(knobs, config, fragments):
@@ -331,3 +352,21 @@ def test_the_same_knobs_are_allowed_where_they_can_run():
             "baseline": "a",
         }
     )
+
+
+def test_config_knows_the_16bit_precisions_and_the_cpu_kernels():
+    """memopt.config restates, without importing torch, what memopt.precision and the CPU's
+    SDPA backends say: keep them in step."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from memopt import config
+    from memopt.precision import AUTOCAST_DTYPES
+
+    assert set(config._SIXTEEN_BIT) == set(AUTOCAST_DTYPES)
+    q = torch.randn(1, 2, 8, 16)
+    for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
+        assert ("attention", name) in config._GPU_ONLY
+        with pytest.raises(RuntimeError), sdpa_kernel([backend]):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # allowed on a CPU, also in FP32
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)

@@ -188,7 +188,24 @@ _GPU_ONLY = {
     "CPU run keeps them already; allowed on a CPU: none",
     ("loss", "liger"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
     ("loss", "cce"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
+    (
+        "attention",
+        "efficient",
+    ): "PyTorch has no CPU kernel of it; allowed on a CPU: math, flash, auto",
+    ("attention", "cudnn"): "cuDNN runs on NVIDIA GPUs; allowed on a CPU: math, flash, auto",
+    (
+        "attention",
+        "flex",
+    ): "memopt runs FlexAttention on CUDA only; allowed on a CPU: math, flash, auto",
+    (
+        "attention",
+        "flash_attn",
+    ): "the flash-attn package runs on CUDA GPUs; allowed on a CPU: math, flash, auto",
 }
+# Precisions whose activations (attention's inputs) are 16-bit: memopt.precision.AUTOCAST_DTYPES.
+_SIXTEEN_BIT = ("bf16", "fp16", "fp8")
+# Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
+_CUDA_16BIT_ONLY = ("flash", "cudnn", "flash_attn")
 
 
 def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
@@ -241,8 +258,19 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
             f"micro-batches; allowed: 1..{cfg['exactness']['batch']}, or a larger "
             "exactness.batch"
         )
+    if (
+        cfg["device"] == "cuda"
+        and spec["attention"] in _CUDA_16BIT_ONLY
+        and spec["precision"] not in _SIXTEEN_BIT
+    ):
+        problems.append(
+            f"{key}.attention: {spec['attention']!r} cannot run with {key}.precision "
+            f"{spec['precision']!r} on device 'cuda' (the kernel takes FP16/BF16 inputs only); "
+            f"allowed with {spec['precision']}: math, efficient, flex, auto; or precision bf16 "
+            "or fp16"
+        )
     if cfg["device"] == "cpu":
-        for knob in ("precision", "offload", "loss"):
+        for knob in ("precision", "offload", "loss", "attention"):
             value = spec[knob]
             if (knob, value) in _GPU_ONLY:
                 problems.append(
