@@ -69,6 +69,9 @@ def test_defaults_fill_nested_and_per_technique():
         "offload": "none",
         "compile_memory_budget": None,
         "grad_accum": 1,
+        "parallel": "none",
+        "shard": "none",
+        "gpus": 1,
     }
 
 

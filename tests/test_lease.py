@@ -98,7 +98,7 @@ def test_a_killed_job_frees_its_gpu_and_a_job_without_one_waits(fake_env, holder
     first = spawn(fake_env("only"))
     assert leased(first)["gpu"] == "only"
     second = spawn(fake_env("only"))
-    assert "is leased; waiting for one" in line(second.stderr)
+    assert "are leased; waiting for one" in line(second.stderr)
     time.sleep(1.0)  # it polls every 50 ms: it would have leased by now if it could
     sel = selectors.DefaultSelector()
     sel.register(second.stdout, selectors.EVENT_READ)

@@ -159,6 +159,7 @@ def _check_cross_keys(cfg: dict) -> None:
         )
     for name, spec in cfg["techniques"].items():
         problems += _technique_problems(f"techniques.{name}", spec, cfg)
+        problems += _parallel_problems(f"techniques.{name}", spec, cfg)
     if cfg["baseline"] not in cfg["techniques"]:
         problems.append(
             f"baseline: {cfg['baseline']!r} is not a technique; allowed: "
@@ -277,6 +278,56 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
                     f"{key}.{knob}: {value!r} is not allowed with device 'cpu' "
                     f"({_GPU_ONLY[knob, value]})"
                 )
+    return problems
+
+
+# What each parallel mode may shard, and knobs not combined with sharding (not measured with it).
+_SHARDS = {"none": ("none",), "ddp": ("none", "optimizer"), "fsdp2": ("grads", "full")}
+_NOT_PARALLEL = {
+    "offload": ("none", "its hooks move tensors that FSDP2 also manages"),
+    "optimizer_in_backward": (False, "its per-parameter hooks run before gradients are reduced"),
+    "optimizer": ("adamw", "sharding is measured with AdamW; others are not"),
+}
+
+
+def _parallel_problems(key: str, spec: dict, cfg: dict) -> list[str]:
+    """The parallel, shard and gpus knobs (memopt.parallel)."""
+    mode, shard, gpus, problems = spec["parallel"], spec["shard"], spec["gpus"], []
+    if shard not in _SHARDS[mode]:
+        problems.append(
+            f"{key}.shard: {shard!r} is not allowed with {key}.parallel {mode!r}; allowed: "
+            + ", ".join(_SHARDS[mode])
+        )
+    if (mode == "none") != (gpus == 1):
+        allowed = "1" if mode == "none" else "2 or more"
+        problems.append(
+            f"{key}.gpus: {gpus} is not allowed with {key}.parallel {mode!r}; allowed: {allowed}"
+        )
+    if mode == "none":
+        return problems
+    for knob, (allowed, why) in _NOT_PARALLEL.items():
+        if spec[knob] != allowed:
+            problems.append(
+                f"{key}.{knob}: {spec[knob]!r} is not allowed with {key}.parallel {mode!r} "
+                f"({why}); allowed: {allowed!r}, or parallel none"
+            )
+    if spec["precision"] in ("fp16", "fp8"):
+        problems.append(
+            f"{key}.precision: {spec['precision']!r} is not allowed with {key}.parallel {mode!r} "
+            "(loss scaling and FP8 casts of sharded weights are not measured); allowed: fp32, "
+            "tf32, bf16, or parallel none"
+        )
+    if mode == "fsdp2" and spec["compile"]:
+        problems.append(
+            f"{key}.compile: true is not allowed with {key}.parallel 'fsdp2' (compiling across "
+            "FSDP2's hooks is not measured); allowed: compile false, or parallel ddp"
+        )
+    if cfg["exactness"]["batch"] % gpus:
+        problems.append(
+            f"{key}.gpus: {gpus} does not divide exactness.batch ({cfg['exactness']['batch']}), "
+            "which its exactness run splits evenly across the GPUs; allowed: a divisor of it, "
+            "or another exactness.batch"
+        )
     return problems
 
 

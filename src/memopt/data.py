@@ -38,7 +38,15 @@ class TokenData:
 class Batches:
     """Random windows of seq_len + 1 tokens, drawn from a generator seeded once per run."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, device: str):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        device: str,
+        part: tuple[int, int] = (0, 1),
+    ):
         if len(tokens) < seq_len + 2:
             raise MemoptError(
                 f"training split has {len(tokens)} tokens, fewer than "
@@ -46,12 +54,16 @@ class Batches:
             )
         self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
         self.device = device
+        # (rank, ranks): every rank draws the same batch and keeps its contiguous slice of it.
+        self.part = part
         self.gen = torch.Generator().manual_seed(seed)
 
     def next(self):
         starts = torch.randint(
             0, len(self.tokens) - self.seq_len - 1, (self.batch_size,), generator=self.gen
         ).numpy()
+        rank, ranks = self.part
+        starts = np.array_split(starts, ranks)[rank]
         rows = np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
         xy = torch.from_numpy(rows)
         if self.device == "cuda":

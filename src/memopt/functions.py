@@ -3,9 +3,9 @@
 Two techniques compute the same function when they do the same arithmetic on the same inputs:
 the same precision, the same attention pattern (window) and the same optimizer. The attention
 kernel, activation checkpointing, compilation (and its memory budget), the loss's kernel,
-in-backward updates, offloading and gradient accumulation change how the function is computed
-(speed, memory), not what it is, so they share one quality run; the exactness check verifies that
-they do. Torch-free: the Snakefile imports it to build the DAG.
+in-backward updates, offloading, gradient accumulation and data parallelism (with or without
+sharding) change how the function is computed (speed, memory), not what it is, so they share one
+quality run; the exactness check verifies that they do. Torch-free: the Snakefile imports it to build the DAG.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def quality_spec(techniques: dict[str, dict], function: str) -> dict:
         "offload": "none",
         "compile_memory_budget": None,
         "grad_accum": 1,
+        "parallel": "none",
+        "shard": "none",
+        "gpus": 1,
     }
 
 
@@ -72,6 +75,7 @@ def reference_technique(techniques: dict[str, dict], technique: str) -> str:
             bool(s.get("optimizer_in_backward", False)),
             s.get("offload", "none") != "none",
             s.get("grad_accum", 1) > 1,
+            s.get("parallel", "none") != "none",
         )
 
     return min(members, key=lambda n: (plainness(n), members.index(n)))

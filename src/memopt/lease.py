@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from memopt.errors import MemoptError
+
 FAKE_ENV = "MEMOPT_FAKE_GPUS"
 LOCK_DIR_ENV = "MEMOPT_GPU_LOCK_DIR"
 # What the lease tells the job's process (and its provenance): the GPU's key and host index.
@@ -98,12 +100,31 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+def _lock_path(folder: Path, gpu: Gpu) -> Path:
+    return folder / (re.sub(r"[^A-Za-z0-9_.-]", "_", gpu.key) + ".lock")
+
+
+def _try_lease(folder: Path, gpus: list[Gpu], count: int) -> list[tuple[Gpu, int]] | None:
+    """`count` free GPUs, locked; None (nothing held) when fewer are free."""
+    held = []
+    for gpu in gpus:
+        fd = _try_lock(_lock_path(folder, gpu))
+        if fd is not None:
+            held.append((gpu, fd))
+            if len(held) == count:
+                return held
+    for _, fd in held:  # all or nothing: two jobs each holding half of what they need would wait
+        os.close(fd)  # for each other forever
+    return None
+
+
 @contextlib.contextmanager
-def gpu_lease(progress=print, poll_s: float = 1.0, require: bool = False):
-    """Hold one free GPU for the block: CUDA_VISIBLE_DEVICES names it alone, MEMOPT_GPU_LEASE and
-    MEMOPT_GPU_INDEX say which one; yields the Gpu, or None where there is no GPU list (with a
-    warning where `require`: a CUDA study). Waits while every GPU is leased; the environment is
-    restored afterwards."""
+def gpu_lease(progress=print, poll_s: float = 1.0, require: bool = False, count: int = 1):
+    """Hold `count` free GPUs for the block (a parallel technique's job holds several:
+    memopt.parallel): CUDA_VISIBLE_DEVICES names them alone, MEMOPT_GPU_LEASE and
+    MEMOPT_GPU_INDEX say which ones (comma-separated); yields the Gpus, or None where there is
+    no GPU list (with a warning where `require`: a CUDA study). Waits while too few are free; the
+    environment is restored afterwards."""
     gpus = candidates()
     if not gpus:
         if require:
@@ -113,36 +134,47 @@ def gpu_lease(progress=print, poll_s: float = 1.0, require: bool = False):
             )
         yield None
         return
+    if count > len(gpus):
+        raise MemoptError(
+            f"this job needs {count} GPUs (the technique's gpus) and may use {len(gpus)} "
+            f"({', '.join(g.index for g in gpus)}); allowed: gpus up to {len(gpus)} here, or "
+            "a host (CUDA_VISIBLE_DEVICES, a SLURM allocation) with more"
+        )
     folder = lock_dir()
     folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the workers' sockets live there
     folder.mkdir(exist_ok=True)
     waiting_since = None
-    while True:
-        for gpu in gpus:
-            fd = _try_lock(folder / (re.sub(r"[^A-Za-z0-9_.-]", "_", gpu.key) + ".lock"))
-            if fd is None:
-                continue
-            saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", LEASE_ENV, INDEX_ENV)}
-            try:
-                if waiting_since is not None:
-                    waited = time.monotonic() - waiting_since
-                    progress(f"memopt: GPU {gpu.index} leased after {waited:.0f} s")
-                # By UUID where known: nvidia-smi's indices follow the PCI order, CUDA's speed.
-                pin = gpu.key if gpu.key.startswith(("GPU-", "MIG-")) else gpu.visible
-                os.environ.update(
-                    {"CUDA_VISIBLE_DEVICES": pin, LEASE_ENV: gpu.key, INDEX_ENV: gpu.index}
-                )
-                yield gpu
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-                os.close(fd)  # releases the lease
-            return
+    while (held := _try_lease(folder, gpus, count)) is None:
         if waiting_since is None:
             waiting_since = time.monotonic()
             names = ", ".join(g.index for g in gpus)
-            progress(f"memopt: every GPU this job may use ({names}) is leased; waiting for one")
+            progress(
+                f"memopt: too many of the GPUs this job may use ({names}) are leased; waiting for "
+                + ("one" if count == 1 else f"{count} at once")
+            )
         time.sleep(poll_s)
+    saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", LEASE_ENV, INDEX_ENV)}
+    try:
+        leased = [gpu for gpu, _ in held]
+        if waiting_since is not None:
+            waited = time.monotonic() - waiting_since
+            names = ", ".join(g.index for g in leased)
+            progress(f"memopt: GPU {names} leased after {waited:.0f} s")
+        # By UUID where known: nvidia-smi's indices follow the PCI order, CUDA's speed.
+        pins = [g.key if g.key.startswith(("GPU-", "MIG-")) else g.visible for g in leased]
+        os.environ.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(pins),
+                LEASE_ENV: ",".join(g.key for g in leased),
+                INDEX_ENV: ",".join(g.index for g in leased),
+            }
+        )
+        yield leased[0] if count == 1 else leased
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        for _, fd in held:
+            os.close(fd)  # releases the lease

@@ -62,6 +62,10 @@ class TensorMemoryTracker(TorchDispatchMode):
     def _add(self, t) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             return
+        if hasattr(t, "__tensor_flatten__"):  # a wrapper (FSDP2's DTensor): the tensors inside
+            for name in t.__tensor_flatten__()[0]:
+                self._add(getattr(t, name))
+            return
         storage = t.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         old = self.live.get(key)

@@ -32,7 +32,13 @@ BETAS = (0.9, 0.95)
 ADAFACTOR_LR_SCALE = 20.0  # a group's lr_scale: the training step sets lr = schedule x lr_scale
 
 
-def _build(name: str, groups: list[dict], lr: float, device: str) -> torch.optim.Optimizer:
+def _build(
+    name: str, groups: list[dict], lr: float, device: str, shard: str = "none"
+) -> torch.optim.Optimizer:
+    if name == "adamw" and shard == "optimizer":  # ZeRO-1 (memopt.parallel; config: AdamW only)
+        from memopt.parallel import zero_optimizer
+
+        return zero_optimizer(groups, torch.optim.AdamW, lr=lr, betas=BETAS, fused=device == "cuda")
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=BETAS, fused=device == "cuda")
     if name == "adafactor":
@@ -55,16 +61,18 @@ def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes a tensor holds; a tensor subclass (torchao's quantized optimizer states report their
     logical FP32 size) by the tensors it is made of."""
     if hasattr(t, "__tensor_flatten__"):
-        names, _ = t.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(t, name)) for name in names)
+        names, _ = t.__tensor_flatten__()  # (a DTensor's local shard: FSDP2)
+        inner = (getattr(t, name) for name in names)
+        return sum(tensor_bytes(x) for x in inner if isinstance(x, torch.Tensor))
     return t.numel() * t.element_size()
 
 
 def state_bytes(opt) -> int:
-    """The optimizer's state in bytes (its tensors; step counters included)."""
+    """The optimizer's state in bytes (its tensors; step counters included); this rank's share
+    under ZeRO-1 (its inner optimizer), a sharded parameter's local shard under FSDP2."""
     return sum(
         tensor_bytes(t)
-        for state in opt.state.values()
+        for state in getattr(opt, "optim", opt).state.values()
         for t in state.values()
         if isinstance(t, torch.Tensor)
     )
@@ -113,6 +121,7 @@ def make_optimizer(
     device: str,
     optimizer: str = "adamw",
     in_backward: bool = False,
+    shard: str = "none",
 ):
     """The optimizer of a technique (see the module docstring) over the model's parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -122,6 +131,6 @@ def make_optimizer(
     ]
 
     def build(g):
-        return _build(optimizer, g, train_cfg["lr"], device)
+        return _build(optimizer, g, train_cfg["lr"], device, shard)
 
     return InBackward(groups, build) if in_backward else build(groups)

@@ -25,6 +25,7 @@ from memopt.results import (
     analysis,
     entry_sort_key,
     incremental_effects,
+    parallel_label,
     read_json,
     read_summary,
     relative_to_baseline,
@@ -198,6 +199,8 @@ def _other_knobs(c: dict) -> str:
         parts.append(f"{c['grad_accum']} micro-batches per step")
     if c["compile_memory_budget"] is not None:
         parts.append(f"compile memory budget {c['compile_memory_budget']}")
+    if c["parallel"] != "none":
+        parts.append(parallel_label(c) + ", batch per GPU")
     return "; ".join(parts)
 
 

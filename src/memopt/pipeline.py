@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from memopt import parallel
 from memopt.data import TokenData
 from memopt.errors import MemoptError
 from memopt.quality import run_exactness, run_quality
@@ -53,16 +54,18 @@ def search_file(
     process: a second job would pay another Python, torch and CUDA start)."""
     device = _setup(cfg, threads)
     data = TokenData(Path(tokens_dir))
-    if exactness_out is not None:
-        exact = run_exactness(cfg, technique, data, device)
+    if exactness_out is not None:  # (kept across a parallel search's launches)
+        exact = parallel.saved("exactness") or run_exactness(cfg, technique, data, device)
+        parallel.save("exactness", exact)
         print(
             f"[exactness {technique}] {exact['steps']} steps at batch {exact['batch_size']}: "
             f"loss {exact['losses'][0]:.4f} -> {exact['losses'][-1]:.4f}"
         )
     result = search_max_batch(cfg, technique, data, device)
-    write_json(Path(out), result)
-    if exactness_out is not None:
-        write_json(Path(exactness_out), exact)
+    if parallel.is_main():  # one rank writes a parallel technique's results
+        write_json(Path(out), result)
+        if exactness_out is not None:
+            write_json(Path(exactness_out), exact)
     return result
 
 
@@ -121,9 +124,12 @@ def cell_file(
             f"[cell {technique} {entry}] batch {batch} is the {Path(same_cell).stem} cell's: reused"
         )
         return alias_cell(Path(same_cell), Path(out), entry)
-    snapshot = (
-        Path(out).with_suffix(".memory.pickle") if cfg["measure"]["memory_snapshot"] else None
+    snapshot = (  # rank 0's alone under several GPUs
+        Path(out).with_suffix(".memory.pickle")
+        if cfg["measure"]["memory_snapshot"] and parallel.is_main()
+        else None
     )
     result = run_cell(cfg, technique, entry, batch, TokenData(Path(tokens_dir)), device, snapshot)
-    write_json(Path(out), result)
+    if parallel.is_main():
+        write_json(Path(out), result)
     return result

@@ -17,6 +17,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from memopt import parallel
 from memopt.attention import math_attention
 from memopt.config import config_hash, technique_spec
 from memopt.data import TokenData, eval_sequences
@@ -84,7 +85,8 @@ def _losses(applied, opt, batches, steps: int, cfg: dict, device: str, label: st
     for step in tqdm(range(steps), desc=label, unit=" step", mininterval=2.0):
         x, y = batches.next()
         losses.append(train_step(applied, opt, x, y, step, cfg["train"]))
-    curve = torch.stack(losses).float().tolist()  # synchronizes
+    # Synchronizes; under several GPUs the global batch's loss (memopt.parallel).
+    curve = parallel.mean_over_ranks(torch.stack(losses).float()).tolist()
     return curve, time.perf_counter() - t0
 
 

@@ -31,6 +31,9 @@ LATER_SPEC_KEYS = {
     "offload": "none",
     "compile_memory_budget": None,
     "grad_accum": 1,
+    "parallel": "none",
+    "shard": "none",
+    "gpus": 1,
 }
 STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90", "ci95_half", "rel_ci95"]
 ALLOCATOR_KEYS = ["alloc_retries", "ooms", "device_allocs", "device_frees"]
@@ -81,7 +84,7 @@ SUMMARY_COLUMNS = (
 )
 # Integer columns that may hold nulls (batch_size of an oom cell, window): kept as Int64 so the
 # CSV says 8, not 8.0.
-INT_COLUMNS = "batch_size effective_batch window checkpoint_every loss_chunk grad_accum steps"
+INT_COLUMNS = "batch_size effective_batch window checkpoint_every loss_chunk grad_accum gpus steps"
 INT_COLUMNS += " warmup_steps timed_steps seq_len"
 INT_COLUMNS = INT_COLUMNS.split()
 INT_COLUMNS += ["tokens_per_step"] + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
@@ -232,10 +235,25 @@ KNOB_GROUPS = {
     "optimizer": ["optimizer", "optimizer_in_backward"],
     "offload": ["offload"],
     "grad_accum": ["grad_accum"],
+    "parallel": ["parallel", "shard", "gpus"],
 }
 
 
-SUBORDINATE_KNOBS = ("checkpoint_every", "loss_chunk")  # named in a change only by their group
+SUBORDINATE_KNOBS = (
+    "checkpoint_every",
+    "loss_chunk",
+    "shard",
+    "gpus",
+)  # named in a change only by their group
+
+
+def parallel_label(cell: dict) -> str:
+    """`one GPU`, `ddp on 2 GPUs`, `fsdp2 (shard full) on 4 GPUs`."""
+    mode = cell.get("parallel", "none")
+    if mode == "none":
+        return "one GPU"
+    shard = cell.get("shard", "none")
+    return f"{mode}{'' if shard == 'none' else f' (shard {shard})'} on {cell.get('gpus')} GPUs"
 
 
 def _describe(cell: dict, keys: list[str]) -> str:
@@ -250,6 +268,7 @@ def _describe(cell: dict, keys: list[str]) -> str:
         else f"memory budget {cell['compile_memory_budget']}",
         "offload": f"offload {cell.get('offload')}",
         "grad_accum": f"{cell.get('grad_accum')} micro-batches",
+        "parallel": parallel_label(cell),
     }
     parts = [str(value[k]) for k in keys if value[k] is not None and k not in SUBORDINATE_KNOBS]
     if cell.get("window") is not None and "window" in keys:
@@ -268,7 +287,12 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
         for name, cell in same.items():
             if order.index(name) <= order.index(base_name):
                 continue
-            groups = [g for g, keys in KNOB_GROUPS.items() if any(cell[k] != base[k] for k in keys)]
+            groups = [
+                g
+                for g, keys in KNOB_GROUPS.items()
+                if any(cell.get(k, LATER_SPEC_KEYS.get(k)) != base.get(k, LATER_SPEC_KEYS.get(k))
+                       for k in keys)
+            ]  # fmt: skip
             if len(groups) != 1:
                 continue
             keys = KNOB_GROUPS[groups[0]]

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from memopt import parallel
 from memopt.config import technique_spec
 from memopt.data import Batches, TokenData
 from memopt.errors import MemoptError
@@ -45,9 +46,11 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
     try:
         applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
         opt = technique_optimizer(applied, spec, train_cfg, device)
-        # `batch` is the micro-batch: a step trains grad_accum of them.
-        sequences = batch * spec["grad_accum"]
-        batches = Batches(data.train, cfg["model"]["seq_len"], sequences, train_cfg["seed"], device)
+        # `batch` is one GPU's micro-batch: a step trains grad_accum of them on every GPU.
+        sequences = batch * spec["grad_accum"] * parallel.world()
+        part = (parallel.rank(), parallel.world())
+        seq_len = cfg["model"]["seq_len"]
+        batches = Batches(data.train, seq_len, sequences, train_cfg["seed"], device, part)
         tracker = (
             TensorMemoryTracker(budget_bytes(cfg, device), list(applied.model.parameters()))
             if device == "cpu"
@@ -73,10 +76,13 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
     except Exception as err:
         if not is_oom(err):
             raise
+        parallel.out_of_memory(err, batch, time.perf_counter() - t0)  # ends a parallel launch
         fits = False
     # Nothing of the trial may survive into the next one: drop every reference, empty the cache.
     applied = opt = batches = tracker = x = y = None
     free_memory(device)
+    # Every rank must take the search's next step alike: the fit follows the fullest one.
+    peak, reserved = parallel.max_over_ranks(peak), parallel.max_over_ranks(reserved)
     return {
         "batch": batch,
         "fits": fits,
@@ -204,20 +210,23 @@ def search_max_batch(
     search = cfg["search"]
     g = search["granularity"]
     cap = min(search["max_batch"], data.max_batch(cfg["model"]["seq_len"])) // g * g
-    avail = available_mib(cfg, device)
+    avail = parallel.min_over_ranks(available_mib(cfg, device))
     if device == "cuda":  # trials may use `avail` and no more: the headroom stays free
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, avail * MIB / torch.cuda.get_device_properties(0).total_memory)
         )
     t0, trials = time.perf_counter(), []
+    # A parallel search started again after a rank ran out of memory: its trials so far.
+    known = {t["batch"]: t for t in parallel.saved("trials") or []}
 
     def test(batch: int):
-        trials.append(_trial(cfg, spec, data, batch, device))
+        trials.append(known.get(batch) or _trial(cfg, spec, data, batch, device))
+        parallel.save("trials", trials)
         t = trials[-1]
         progress(
             f"[search {technique}] batch {batch}: "
             + (f"fits, peak {t['peak_mib']:,.0f} MiB" if t["fits"] else "out of memory")
-            + f" ({t['seconds']:.1f} s)"
+            + f" ({t['seconds']:.1f} s{', an earlier launch' if batch in known else ''})"
         )
         # The fit follows allocated memory: near the limit the caching allocator reserves
         # whatever is free, so peak reserved is no function of the batch (seen on the H100).

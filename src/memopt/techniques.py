@@ -16,6 +16,7 @@ from memopt.errors import MemoptError
 from memopt.losses import check_loss
 from memopt.model import Decoder, ModelConfig, build_model
 from memopt.offload import check_offload
+from memopt.parallel import check_launched, unwrap, wrap
 from memopt.precision import (
     autocast_context,
     check_fp8,
@@ -99,6 +100,7 @@ def apply_technique(
     if spec["precision"] == "fp8":
         check_fp8(device)
     check_offload(spec["offload"], device)
+    check_launched(spec)
     cfg = ModelConfig(
         vocab_size=vocab_size,
         attention=kernel,
@@ -114,6 +116,7 @@ def apply_technique(
     fp8_layers = convert_fp8(model, device) if spec["precision"] == "fp8" else 0
     # Always: FlexAttention compiles its kernel even when the model is not compiled.
     set_compile_memory_budget(spec["compile_memory_budget"])
+    model = wrap(model, spec, device)
     if spec["compile"]:
         model = torch.compile(model)
     record = {
@@ -127,6 +130,9 @@ def apply_technique(
         "fp8_linear_layers": fp8_layers,
         "grad_accum": spec["grad_accum"],
         "offload": spec["offload"],
+        "parallel": spec["parallel"],
+        "shard": spec["shard"],
+        "gpus": spec["gpus"],
     }
     return Applied(
         model,
@@ -140,6 +146,7 @@ def apply_technique(
 
 
 def eval_model(applied: Applied) -> Decoder:
-    """The module to evaluate: the uncompiled decoder (weights shared with the trained one)."""
+    """The module to evaluate: the uncompiled decoder, outside DDP (weights shared with the
+    trained one)."""
     m = applied.model
-    return getattr(m, "_orig_mod", m)
+    return unwrap(getattr(m, "_orig_mod", m))

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from memopt import parallel
 from memopt.attention import kernel_detail, resolve_kernel
 from memopt.config import config_hash, technique_spec
 from memopt.data import Batches, TokenData
@@ -68,7 +69,12 @@ def limit_gpu_memory(cfg: dict, device: str) -> None:
 def technique_optimizer(applied: Applied, spec: dict, train_cfg: dict, device: str):
     """The technique's optimizer (memopt.optimizers) over the applied model."""
     return make_optimizer(
-        applied.model, train_cfg, device, spec["optimizer"], spec["optimizer_in_backward"]
+        applied.model,
+        train_cfg,
+        device,
+        spec["optimizer"],
+        spec["optimizer_in_backward"],
+        spec["shard"],
     )
 
 
@@ -168,20 +174,26 @@ def free_memory(device: str) -> None:
 def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str, seed: int):
     """The technique applied to a freshly initialized model, its optimizer and its batches, all
     from `seed`: the same weights, batches and dropout masks for every technique. `batch_size`
-    is the sequences of one optimizer step (a technique with grad_accum k splits them in k)."""
+    is the sequences of one optimizer step (a technique with grad_accum k splits them in k; one
+    with several GPUs trains its rank's slice of them: memopt.parallel)."""
     applied = apply_technique(spec, cfg["model"], data.vocab_size, seed, device)
     applied.model.train()
-    torch.manual_seed(seed)  # dropout masks
+    # Dropout masks; each rank of a parallel technique draws its own (its slice's).
+    torch.manual_seed(seed + 1_000_003 * parallel.rank())
     opt = technique_optimizer(applied, spec, cfg["train"], device)
-    batches = Batches(data.train, cfg["model"]["seq_len"], batch_size, seed, device)
+    part = (parallel.rank(), parallel.world())
+    batches = Batches(data.train, cfg["model"]["seq_len"], batch_size, seed, device, part)
     return applied, opt, batches
 
 
 def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=None) -> dict:
     train_cfg, measure_cfg = cfg["train"], cfg["measure"]
     warmup = measure_cfg["warmup_steps"]
-    k = spec["grad_accum"]  # the batch is the micro-batch: a step trains k of them
-    applied, opt, batches = prepare(cfg, spec, data, batch_size * k, device, train_cfg["seed"])
+    # The batch is one GPU's micro-batch: a step trains k of them on each of the job's GPUs.
+    k, gpus = spec["grad_accum"], parallel.world()
+    applied, opt, batches = prepare(
+        cfg, spec, data, batch_size * k * gpus, device, train_cfg["seed"]
+    )
     losses, timer = [], StepTimer(device)
     tracker = (
         TensorMemoryTracker(budget_bytes(cfg, device), existing=list(applied.model.parameters()))
@@ -211,8 +223,8 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     gc.collect()
     gc.freeze()
     try:
-        step, times = warmup, []
-        while not enough_timed_steps(times, measure_cfg):
+        step, times, enough = warmup, [], False
+        while not enough:
             x, y = batches.next()
             timer.start()
             losses.append(train_step(applied, opt, x, y, step, train_cfg))
@@ -223,6 +235,8 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
             n = step - warmup
             if n >= measure_cfg["min_timed_steps"]:
                 times = timer.first_ms(n)
+                # Rank 0's verdict on every rank: the ranks must run the same steps.
+                enough = parallel.agree(enough_timed_steps(times, measure_cfg))
         times = timer.times_ms()  # synchronizes on CUDA
     finally:
         gc.unfreeze()
@@ -234,41 +248,46 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     else:
         peak_alloc, peak_reserved = cpu_peak / MIB, None
     del opt
-    loss_curve = torch.stack(losses).float().tolist()
+    loss_curve = parallel.mean_over_ranks(torch.stack(losses).float()).tolist()
     stats = summarize(times)
-    tokens_per_step = batch_size * k * cfg["model"]["seq_len"]
+    tokens_per_step = batch_size * k * gpus * cfg["model"]["seq_len"]
     tokens_per_s = tokens_per_step / (stats["mean"] / 1e3)
     flops = flops_per_token(cfg["model"], data.vocab_size, spec["window"]) * tokens_per_s
     # No MFU for FP8: its peak would be a mix of FP8 and BF16 peaks (memopt.precision).
     fp8 = spec["precision"] == "fp8"
     peak_flops = peak_bf16_flops(device_name(device)) if device == "cuda" and not fp8 else None
-    return {
-        "status": "ok",
-        "kernel": applied.kernel,
-        "kernel_detail": kernel_detail(applied.kernel),
-        "precision_flags": applied.record,
-        "steps": step,
-        "warmup_steps": warmup,
-        "timed_steps": len(times),
-        "step_time_ms": stats,
-        "step_times_ms": times,
-        "timed_s": sum(times) / 1e3,
-        "warmup_s": warmup_s,  # compilation included
-        "compile_cache": compile_cache_counts() if spec["compile"] else None,
-        "allocator_events": allocator,
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_s,
-        "model_tflops": flops / 1e12,
-        "mfu": flops / peak_flops if peak_flops else None,
-        "peak_bf16_tflops": peak_flops / 1e12 if peak_flops else None,
-        "wall_s": wall_s,
-        "peak_allocated_mib": peak_alloc,
-        "peak_reserved_mib": peak_reserved,
-        "phase_memory": phases,
-        "memory_breakdown": breakdown,
-        "loss_curve": loss_curve,
-        "error": None,
-    }
+    if peak_flops:
+        peak_flops *= gpus  # MFU: of all the job's GPUs
+    return parallel.per_rank(
+        {
+            "status": "ok",
+            "kernel": applied.kernel,
+            "kernel_detail": kernel_detail(applied.kernel),
+            "precision_flags": applied.record,
+            "steps": step,
+            "warmup_steps": warmup,
+            "timed_steps": len(times),
+            "step_time_ms": stats,
+            "step_times_ms": times,
+            "timed_s": sum(times) / 1e3,
+            "warmup_s": warmup_s,  # compilation included
+            "compile_cache": compile_cache_counts() if spec["compile"] else None,
+            "allocator_events": allocator,
+            "tokens_per_step": tokens_per_step,
+            "tokens_per_s": tokens_per_s,
+            "model_tflops": flops / 1e12,
+            "mfu": flops / peak_flops if peak_flops else None,
+            "peak_bf16_tflops": peak_flops / 1e12 / gpus if peak_flops else None,  # one GPU's
+            "wall_s": wall_s,
+            "peak_allocated_mib": peak_alloc,
+            "peak_reserved_mib": peak_reserved,
+            "phase_memory": phases,
+            "memory_breakdown": breakdown,
+            "loss_curve": loss_curve,
+            "error": None,
+        },
+        device,
+    )
 
 
 @contextlib.contextmanager
@@ -310,8 +329,10 @@ def run_cell(
         "technique": technique,
         "batch_entry": str(batch_entry),
         "batch_size": batch_size,
-        # The batch entry is the micro-batch; an optimizer step trains grad_accum of them.
-        "effective_batch": batch_size * spec["grad_accum"],
+        # The batch entry is one GPU's micro-batch; an optimizer step trains grad_accum of them
+        # on each of the technique's GPUs.
+        "effective_batch": batch_size * spec["grad_accum"] * spec["gpus"],
+        "gpus": spec["gpus"],
         "spec": spec,
         "function": function_of(spec),
         "device": device,
@@ -319,15 +340,19 @@ def run_cell(
         "seq_len": cfg["model"]["seq_len"],
         "kernel": resolve_kernel(spec["attention"], spec["window"], device, spec["precision"]),
     }
-    oom_message = None
+    oom_message, earlier = None, parallel.previous_oom()
     if batch_size < 1:
         oom_message = f"no batch fits ({batch_entry} resolved to {batch_size})"
+    elif earlier is not None:  # a rank of this parallel job's last launch ran out of memory
+        oom_message = f"rank {earlier['rank']}: " + earlier["error"].splitlines()[0]
     else:
+        t0 = time.perf_counter()
         try:
             result.update(_train(cfg, spec, data, batch_size, device, snapshot))
         except Exception as err:
             if not is_oom(err):
                 raise
+            parallel.out_of_memory(err, batch_size, time.perf_counter() - t0)
             oom_message = str(err).splitlines()[0][:500]
     if oom_message is not None:
         result.update(dict.fromkeys(MEASURED), status="oom", error=oom_message, loss_curve=[])

@@ -136,16 +136,39 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
         raise ValueError(f"{call!r} is not a worker call; allowed: {', '.join(CALLS)}")
     log = Path(log).resolve()
     # One GPU of the host for the job's lifetime (memopt.lease): it pins this process and the
-    # worker it talks to (one per GPU), so concurrent jobs never share a GPU.
-    device = kwargs["cfg"].get("device")
-    lease = gpu_lease(require=device == "cuda") if device != "cpu" else contextlib.nullcontext()
-    with lease:
-        _run_job(worker, call, kwargs, log, started=time.time())
+    # worker it talks to (one per GPU), so concurrent jobs never share a GPU. A parallel
+    # technique's job leases its `gpus` and runs them under torchrun (memopt.distributed).
+    device, gpus = kwargs["cfg"].get("device"), job_gpus(call, kwargs)
+    lease = (
+        gpu_lease(require=device == "cuda", count=gpus)
+        if device != "cpu"
+        else contextlib.nullcontext()
+    )
+    with exit_on_user_error(), lease:
+        _run_job(worker, call, kwargs, log, started=time.time(), gpus=gpus)
 
 
-def _run_job(worker: dict, call: str, kwargs: dict, log: Path, started: float) -> None:
+def job_gpus(call: str, kwargs: dict) -> int:
+    """The GPUs (ranks) a job runs on: its technique's `gpus` for a search or cell of a parallel
+    technique, else 1 (quality runs train their function on one GPU: memopt.functions)."""
+    technique = kwargs.get("technique")
+    if call == "quality_file" or technique is None:
+        return 1
+    spec = kwargs["cfg"]["techniques"][technique]
+    return spec.get("gpus", 1) if spec.get("parallel", "none") != "none" else 1
+
+
+def _run_job(
+    worker: dict, call: str, kwargs: dict, log: Path, started: float, gpus: int = 1
+) -> None:
     from memopt.scripting import logged
 
+    if gpus > 1:
+        from memopt.distributed import launch
+
+        with logged(log):
+            launch(call, kwargs, gpus, started)
+        return
     # Under SLURM the job's allocation ends with it: a warm worker would be killed with it, or
     # outlive it on a GPU that is no longer the job's. The job runs here.
     if not worker["enabled"] or os.environ.get("SLURM_JOB_ID"):

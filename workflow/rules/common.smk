@@ -48,6 +48,10 @@ CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (rel
 
 # What a training rule's result depends on besides its inputs: changing any of it reruns it.
 TRAIN_RESOURCES = {"gpu": 1} | ({"gpu_model": STUDY["gpu_model"]} if STUDY["gpu_model"] else {})
+# A search or cell of a parallel technique holds its `gpus` GPUs (memopt.parallel).
+TECHNIQUE_RESOURCES = TRAIN_RESOURCES | {
+    "gpu": lambda w: STUDY["techniques"][w.technique]["gpus"]
+}
 TRAIN_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "baseline")}
 SEARCH_PARAMS = TRAIN_PARAMS | {"exactness": STUDY["exactness"]}
 QUALITY_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "quality")}

@@ -1,6 +1,7 @@
 # Training rules hold a GPU: --resources gpu=N runs N at once, each on a GPU it leases
 # (memopt.lease: concurrent jobs never share one). On SLURM (profiles/slurm) the executor asks for
-# that GPU (--gpus=1, or --gpus=<gpu_model>:1 with the config's gpu_model).
+# that GPU (--gpus=1, or --gpus=<gpu_model>:1 with the config's gpu_model). A parallel technique's
+# search and cells hold its `gpus` GPUs (memopt.parallel), so gpu=N counts GPUs, not jobs.
 
 
 # The search job first runs the technique's exactness run (results/exactness/): one process, one
@@ -16,7 +17,7 @@ rule search:
         study=SEARCH_PARAMS,
         spec=lambda w: STUDY["techniques"][w.technique],
     resources:
-        **TRAIN_RESOURCES,
+        **TECHNIQUE_RESOURCES,
     threads: 4
     log:
         "logs/search/{technique}.log",
@@ -45,7 +46,7 @@ rule cell:
         study=TRAIN_PARAMS,
         spec=lambda w: STUDY["techniques"][w.technique],
     resources:
-        **TRAIN_RESOURCES,
+        **TECHNIQUE_RESOURCES,
     threads: 4
     log:
         "logs/cell/{technique}/{batch}.log",
