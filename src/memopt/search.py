@@ -215,9 +215,13 @@ def search_max_batch(
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, avail * MIB / torch.cuda.get_device_properties(0).total_memory)
         )
-    t0, trials = time.perf_counter(), []
-    # A parallel search started again after a rank ran out of memory: its trials so far.
+    trials = []
+    # A parallel search started again after a rank ran out of memory: its trials so far, and
+    # its start (its seconds count every launch).
     known = {t["batch"]: t for t in parallel.saved("trials") or []}
+    started = parallel.saved("search_started") or time.time()
+    parallel.barrier()  # every rank has read them before rank 0 writes them again
+    parallel.save("search_started", started)
 
     def test(batch: int):
         trials.append(known.get(batch) or _trial(cfg, spec, data, batch, device))
@@ -259,7 +263,7 @@ def search_max_batch(
         "prediction_error": None if found["first_guess"] is None else found["first_guess"] - lo,
         "allocator": cfg["measure"]["cuda_alloc_conf"] if device == "cuda" else None,
         "device": device,
-        "seconds": round(time.perf_counter() - t0, 3),
+        "seconds": round(time.time() - started, 3),
         "trials": trials,
         "provenance": provenance(device),  # the GPU leased for the search included
     }
