@@ -394,7 +394,7 @@ def test_stage_times_and_reference_comparison(study, tmp_path):
         " peak_memory_raw: '10,000 MB', speedup_vs_baseline: 1.5}\n"
         "      - {memopt: local128, batch: max, batch_size: 80, peak_memory_raw: '39 GB'}\n"
     )
-    from memopt.results import stage_benchmarks
+    from memopt.stages import stage_benchmarks
 
     out_md, _ = render(
         study, name="timed", benchmark_paths=stage_benchmarks(bench), reference_path=reference

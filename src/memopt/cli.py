@@ -60,7 +60,8 @@ def cmd_paper(args) -> None:
     from memopt.figures import make_figures
     from memopt.functions import functions
     from memopt.paper import render_paper
-    from memopt.results import aggregate, stage_benchmarks
+    from memopt.results import aggregate
+    from memopt.stages import stage_benchmarks
     from memopt.verdicts import aggregate_quality
 
     results, out = Path(args.results), Path(args.out)

@@ -29,9 +29,9 @@ from memopt.results import (
     read_json,
     read_summary,
     relative_to_baseline,
-    stage_times,
     write_text,
 )
+from memopt.stages import stage_times
 from memopt.verdicts import exactness, measurement_share, quality_table, throughput_optimal
 
 PROVENANCE_KEYS = (

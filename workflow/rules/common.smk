@@ -8,7 +8,8 @@ from memopt.config import validate_config
 from memopt.errors import ConfigError
 from memopt.functions import functions, quality_spec
 from memopt.paper_format import tex_engine
-from memopt.results import FIGURE_NAMES, RULE_STAGES
+from memopt.results import FIGURE_NAMES
+from memopt.stages import RULE_STAGES
 from memopt.scripting import code_files
 
 
@@ -35,7 +36,7 @@ QUALITY = expand("results/quality/{function}/{seed}.json", function=list(FUNCTIO
 FIGURES = expand("paper/figures/{name}.{ext}", name=FIGURE_NAMES, ext=["pdf", "png"])
 PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
 # Wall-clock per job of each stage (Snakemake `benchmark:`), summed per stage in the paper
-# (memopt.results.stage_times: rendering itself is not counted).
+# (memopt.stages.stage_times: rendering itself is not counted).
 STAGE_BENCHMARKS = (
     expand("results/benchmarks/{rule}.tsv", rule=list(RULE_STAGES))
     + expand("results/benchmarks/search/{technique}.tsv", technique=TECHNIQUES)
