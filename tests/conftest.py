@@ -156,3 +156,8 @@ def tiny_study(tmp_path):
         }
     )
     return cfg, TokenData(tmp_path)
+
+
+# The smoke study through Snakemake (tests/smoke_workflow.py): `mirror` and `smoke`, run once per
+# session for tests/test_workflow.py and tests/test_interrupt.py.
+from smoke_workflow import mirror, smoke  # noqa: E402, F401

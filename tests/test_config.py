@@ -107,6 +107,30 @@ def test_defaults_fill_nested_and_per_technique():
             {"techniques": {"baseline": {"attention": "flash", "window": 8}}},
             ["techniques.baseline.attention", "'flash'", "flex"],
         ),
+        # Combinations (README, "What is checked, and when"): both keys named.
+        (
+            {"measure": {"min_timed_steps": 50, "max_timed_steps": 20}},
+            ["measure.min_timed_steps: 50", "measure.max_timed_steps (20)", "<= 20"],
+        ),
+        (
+            {"techniques": {"baseline": {"loss": "liger", "precision": "fp16"}}},
+            ["techniques.baseline.loss: 'liger'", "techniques.baseline.precision 'fp16'", "cce"],
+        ),
+        (
+            {"techniques": {"baseline": {"compile_memory_budget": 0.5}}},
+            ["techniques.baseline.compile_memory_budget: 0.5", "compile true"],
+        ),
+        (
+            {"techniques": {"baseline": {"grad_accum": 16}}},
+            ["techniques.baseline.grad_accum: 16", "exactness.batch (8)", "allowed: 1..8"],
+        ),
+        (
+            {
+                "train": {"grad_clip": 0},
+                "techniques": {"baseline": {"optimizer_in_backward": True, "grad_accum": 2}},
+            },
+            ["optimizer_in_backward: true", "techniques.baseline.grad_accum 2", "grad_accum 1"],
+        ),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(override, fragments):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DATASET
-from test_workflow import ROOT, mirror, snakemake, workdir  # noqa: F401  (mirror: a fixture)
+from smoke_workflow import ROOT, snakemake, workdir
 
 pytestmark = pytest.mark.slow
 

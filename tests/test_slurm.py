@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_workflow import DATASET, SNAKEMAKE, mirror, workdir  # noqa: F401 (mirror: a fixture)
+from conftest import DATASET
+from smoke_workflow import SNAKEMAKE, workdir
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -294,3 +294,13 @@ def test_gpu_headroom_is_left_free(monkeypatch):
         search.available_mib(cfg, "cuda")
     cfg["search"]["cpu_memory_budget_gib"] = 0.5  # a CPU budget is exact: no headroom there
     assert search.available_mib(cfg, "cpu") == 512
+
+
+def test_too_little_text_for_the_sequence_length_names_the_split_and_the_fix():
+    from memopt.data import Batches, eval_sequences
+
+    few = np.arange(20, dtype=np.uint16)
+    with pytest.raises(MemoptError, match=r"training split has 20 tokens, fewer than model\.seq"):
+        Batches(few, 32, 4, 0, "cpu")
+    with pytest.raises(MemoptError, match=r"validation split has 20 tokens.*corpus\.val_fraction"):
+        eval_sequences(few, 32, 8)

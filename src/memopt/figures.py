@@ -34,6 +34,8 @@ from memopt.figures_style import (
     _oom_note,
     _placeholder,
     _short,
+    _unmeasured,
+    _unmeasured_handles,
     render_all,
 )
 from memopt.results import (
@@ -64,8 +66,9 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
             row = rows.iloc[0]
             x = i + (j - (len(entries) - 1) / 2) * width
             batch = "" if row["batch_size"] != row["batch_size"] else f"b={int(row['batch_size'])}"
-            if row["status"] == "oom":
-                _mark_unmeasured(ax, x, width, f"OOM {batch}".strip(), colors[entry])
+            if row["status"] != "ok":
+                label = f"{_unmeasured(row['status'])} {batch}".strip()
+                _mark_unmeasured(ax, x, width, label, colors[entry])
                 continue
             value = float(row[column])
             ax.bar(x, value, width, color=colors[entry])
@@ -78,10 +81,7 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
                 fontsize=6.5,
             )
     handles = [Patch(color=colors[e], label=_entry_label(e)) for e in entries]
-    if (summary["status"] == "oom").any():
-        handles.append(
-            Patch(facecolor="none", edgecolor="grey", hatch="///", label="out of memory")
-        )
+    handles += _unmeasured_handles(summary)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(techniques) - 0.4)
@@ -244,7 +244,7 @@ def _memory_saved_figure(summary, baseline: str) -> Figure:
     base_peak = float(base["peak_allocated_mib"].iloc[0])
     for i, row in enumerate(others.itertuples()):
         if row.status != "ok" or row.peak_allocated_mib != row.peak_allocated_mib:
-            _oom_hband(ax, i, 0.7)
+            _oom_hband(ax, i, 0.7, _unmeasured(row.status))
             continue
         saved = 100 * (1 - row.peak_allocated_mib / base_peak)
         ax.barh(i, saved, 0.7, color="#55A868" if saved >= 0 else "#C44E52")
@@ -282,7 +282,7 @@ def _phases_figure(summary) -> Figure:
     for i, row in enumerate(rows.itertuples()):
         values = [getattr(row, col) for col, _, _ in BREAKDOWN]
         if row.status != "ok" or any(v != v for v in values):  # oom, or no breakdown measured
-            _mark_unmeasured(ax, i, 0.7, "OOM" if row.status == "oom" else "n/a", "#B00020")
+            _mark_unmeasured(ax, i, 0.7, _unmeasured(row.status), "#B00020")
             continue
         bottom = 0.0
         for value, (_, _, color) in zip(values, BREAKDOWN):
@@ -321,7 +321,8 @@ def _phases_figure(summary) -> Figure:
 
 
 def _max_batch_figure(summary) -> Figure:
-    """Each technique's `max` batch; one whose full run then ran out of memory is hatched."""
+    """Each technique's `max` batch; one whose full run then ran out of memory (or diverged) is
+    hatched."""
     rows = summary[summary["batch_entry"] == "max"]
     fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(rows))))
     ax = fig.subplots()
@@ -339,9 +340,8 @@ def _max_batch_figure(summary) -> Figure:
             ax.text(batch, i, f" {batch}", va="center", fontsize=7)
         else:  # the search's batch, which then failed the full run: outline, never a solid bar
             ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
-            ax.text(
-                batch, i, f" {batch} (OOM in full run)", va="center", fontsize=7, color="#B00020"
-            )
+            label = f" {batch} ({_unmeasured(row.status)} in full run)"
+            ax.text(batch, i, label, va="center", fontsize=7, color="#B00020")
     ax.set_yticks(range(len(rows)), rows["technique"])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, ax.get_xlim()[1] * 1.3)

@@ -16,6 +16,7 @@ from memopt.figures_style import (
     _oom_note,
     _placeholder,
     _short,
+    _unmeasured,
 )
 
 
@@ -172,7 +173,7 @@ def _windows_figure(summary) -> Figure:
         for i, row in enumerate(group):
             value = getattr(row, column)
             if row.status != "ok" or value != value:
-                _mark_unmeasured(ax, i, 0.7, "OOM" if row.status == "oom" else "n/a", "#B00020")
+                _mark_unmeasured(ax, i, 0.7, _unmeasured(row.status), "#B00020")
                 continue
             ax.bar(i, value, 0.7, color="#55A868" if row.window == row.window else "#4C72B0")
             ax.text(i, value, _short(value), ha="center", va="bottom", fontsize=6.5)

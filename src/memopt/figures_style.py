@@ -10,6 +10,7 @@ from pathlib import Path
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from memopt.results import entry_sort_key
 
@@ -109,6 +110,22 @@ def _main_entry(summary) -> str:
     return "same" if "same" in entries else entries[0]
 
 
+# How a cell that has no measurement is marked, by its status (anything else: "n/a").
+UNMEASURED = {"oom": "OOM", "diverged": "diverged"}
+
+
+def _unmeasured(status) -> str:
+    return UNMEASURED.get(status, "n/a")
+
+
+def _unmeasured_handles(summary) -> list:
+    """The legend entry of hatched columns, naming what they mean in this figure."""
+    failed = sorted(set(summary["status"]) - {"ok"})
+    names = {"oom": "out of memory", "diverged": "diverged"}
+    label = " / ".join(names.get(status, status) for status in failed)
+    return [Patch(facecolor="none", edgecolor="grey", hatch="///", label=label)] if failed else []
+
+
 def _ok(summary):
     return summary[summary["status"] == "ok"]
 
@@ -137,12 +154,14 @@ def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
 
 
 def _oom_note(ax, summary) -> None:
-    """Name the cells that ran out of memory in the plot, rather than leave them out silently."""
-    oom = summary[summary["status"] == "oom"]
+    """Name the cells that ran out of memory or diverged in the plot, rather than leave them out
+    silently."""
+    oom = summary[summary["status"] != "ok"]
     if not oom.empty:
         names = ", ".join(
             f"{r.technique} ({r.batch_entry}"
             + ("" if r.batch_size != r.batch_size else f", b={int(r.batch_size)}")
+            + ("" if r.status == "oom" else f", {_unmeasured(r.status)}")
             + ")"
             for r in oom.itertuples()
         )

@@ -21,6 +21,7 @@ from memopt import parallel
 from memopt.attention import math_attention
 from memopt.config import config_hash, technique_spec
 from memopt.data import TokenData, eval_sequences
+from memopt.divergence import Diverged, LossWatch
 from memopt.functions import function_of, quality_spec
 from memopt.measure import device_name, is_oom, provenance
 from memopt.model import SelfAttention
@@ -75,9 +76,15 @@ def quality_budget(cfg: dict, data: TokenData) -> dict:
     }
 
 
-def _losses(applied, opt, batches, steps: int, cfg: dict, device: str, label: str):
+# A quality run reads its losses every this many steps (a wait for the device): one that diverges
+# stops within them.
+CHECK_EVERY = 20
+
+
+def _losses(applied, opt, batches, steps: int, cfg: dict, device: str, label: str, watch=None):
     """Train `steps` steps; per-step training losses and the seconds they took (synchronized).
-    The progress bar counts launched steps (the GPU may be a few behind)."""
+    With `watch` (a LossWatch), a non-finite loss raises Diverged within CHECK_EVERY steps. The
+    progress bar counts launched steps (the GPU may be a few behind)."""
     if device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -85,6 +92,10 @@ def _losses(applied, opt, batches, steps: int, cfg: dict, device: str, label: st
     for step in tqdm(range(steps), desc=label, unit=" step", mininterval=2.0):
         x, y = batches.next()
         losses.append(train_step(applied, opt, x, y, step, cfg["train"]))
+        if watch is not None and (step + 1) % CHECK_EVERY == 0:
+            watch.check(losses)
+    if watch is not None:
+        watch.check(losses)
     # Synchronizes; under several GPUs the global batch's loss (memopt.parallel).
     curve = parallel.mean_over_ranks(torch.stack(losses).float()).tolist()
     return curve, time.perf_counter() - t0
@@ -108,7 +119,8 @@ def _stamp(result: dict, cfg: dict, spec: dict, device: str, keys: tuple) -> dic
 
 
 def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: str) -> dict:
-    """One quality run of `function` with `seed`; out of memory is a result (status `oom`)."""
+    """One quality run of `function` with `seed`; out of memory is a result (status `oom`), and
+    so is a non-finite training loss (status `diverged`, memopt.divergence)."""
     spec = quality_spec(cfg["techniques"], function)
     budget = quality_budget(cfg, data)
     limit_gpu_memory(cfg, device)
@@ -117,7 +129,9 @@ def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: st
     try:
         applied, opt, batches = prepare(cfg, spec, data, budget["batch_size"], device, seed)
         label = f"[quality {function} seed {seed}]"
-        curve, train_s = _losses(applied, opt, batches, budget["steps"], cfg, device, label)
+        curve, train_s = _losses(
+            applied, opt, batches, budget["steps"], cfg, device, label, LossWatch()
+        )
         del opt
         t0 = time.perf_counter()
         seqs = eval_sequences(data.val, cfg["model"]["seq_len"], cfg["train"]["eval_sequences"])
@@ -134,6 +148,15 @@ def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: st
             val_loss=val_loss,
             val_ppl=math.exp(min(val_loss, 50.0)),
             error=None,
+        )
+    except Diverged as err:
+        result.update(
+            status="diverged",
+            diverged_step=err.step,
+            error=str(err),
+            loss_curve=err.curve,
+            val_loss=None,
+            val_ppl=None,
         )
     except Exception as err:
         if not is_oom(err):

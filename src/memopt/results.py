@@ -47,7 +47,8 @@ PHASE_KEYS = [
     for when in ("after", "peak")
 ]
 BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits offloaded".split()
-STATUSES = ("ok", "oom")
+# ok; oom: out of memory; diverged: the training loss became non-finite (memopt.divergence).
+STATUSES = ("ok", "oom", "diverged")
 # The paper's figures (memopt.figures writes each as .pdf and .png; the workflow and the paper
 # name them from here).
 FIGURE_NAMES = (
@@ -78,13 +79,13 @@ SUMMARY_COLUMNS = (
     + "tokens_per_s model_tflops mfu wall_s peak_allocated_mib peak_reserved_mib".split()
     + [f"phase_{key}" for key in PHASE_KEYS]
     + [f"{key}_mib" for key in BREAKDOWN_KEYS]
-    + ["error"]
+    + ["error", "diverged_step"]
     + [f"provenance_{key}" for key in PROVENANCE_KEYS]
 )
 # Integer columns that may hold nulls (batch_size of an oom cell, window): kept as Int64 so the
 # CSV says 8, not 8.0.
 INT_COLUMNS = "batch_size effective_batch window checkpoint_every loss_chunk grad_accum gpus steps"
-INT_COLUMNS += " warmup_steps timed_steps seq_len"
+INT_COLUMNS += " warmup_steps timed_steps seq_len diverged_step"
 INT_COLUMNS = INT_COLUMNS.split()
 INT_COLUMNS += ["tokens_per_step"] + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
 
@@ -142,7 +143,7 @@ def cell_row(cell: dict) -> dict:
             row[key] = (cell["phase_memory"] or {}).get(key.removeprefix("phase_"))
         elif key.endswith("_mib") and key.removesuffix("_mib") in BREAKDOWN_KEYS:
             row[key] = (cell["memory_breakdown"] or {}).get(key)
-        elif key == "measured_as":  # set only where one run serves two entries (alias_cell)
+        elif key in ("measured_as", "diverged_step"):  # only where they apply
             row[key] = cell.get(key)
         elif key == "effective_batch":  # micro-batch x grad_accum (older cells: the batch)
             b = cell["batch_size"]

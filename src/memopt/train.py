@@ -23,6 +23,7 @@ from memopt import parallel
 from memopt.attention import kernel_detail, resolve_kernel
 from memopt.config import config_hash, technique_spec
 from memopt.data import Batches, TokenData
+from memopt.divergence import Diverged, LossWatch
 from memopt.functions import function_of
 from memopt.losses import kept_logits_elements
 from memopt.measure import (
@@ -194,7 +195,7 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     applied, opt, batches = prepare(
         cfg, spec, data, batch_size * k * gpus, device, train_cfg["seed"]
     )
-    losses, timer = [], StepTimer(device)
+    losses, timer, watch = [], StepTimer(device), LossWatch()
     tracker = (
         TensorMemoryTracker(budget_bytes(cfg, device), existing=list(applied.model.parameters()))
         if device == "cpu"
@@ -216,6 +217,7 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    watch.check(losses)  # the warm-up's losses, the device being idle here anyway
     warmup_s = time.perf_counter() - wall0
     counters_before = allocator_counters(device)
     # A full garbage collection over compile's large heaps can stall the host long enough to
@@ -235,6 +237,7 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
             n = step - warmup
             if n >= measure_cfg["min_timed_steps"]:
                 times = timer.first_ms(n)
+                watch.check(losses)  # the steps are done: reading their losses costs no wait
                 # Rank 0's verdict on every rank: the ranks must run the same steps.
                 enough = parallel.agree(enough_timed_steps(times, measure_cfg))
         times = timer.times_ms()  # synchronizes on CUDA
@@ -321,7 +324,8 @@ def run_cell(
     device: str,
     snapshot=None,
 ) -> dict:
-    """Train one cell and return its result dict; out of memory is a result (status `oom`).
+    """Train one cell and return its result dict; out of memory is a result (status `oom`), and
+    so is a non-finite loss (status `diverged`, memopt.divergence).
     With `snapshot` (a path), a CUDA memory snapshot of one training step is written there."""
     spec = technique_spec(cfg, technique)
     limit_gpu_memory(cfg, device)
@@ -340,7 +344,7 @@ def run_cell(
         "seq_len": cfg["model"]["seq_len"],
         "kernel": resolve_kernel(spec["attention"], spec["window"], device, spec["precision"]),
     }
-    oom_message, earlier = None, parallel.previous_oom()
+    oom_message, earlier, diverged = None, parallel.previous_oom(), None
     if batch_size < 1:
         oom_message = f"no batch fits ({batch_entry} resolved to {batch_size})"
     elif earlier is not None:  # a rank of this parallel job's last launch ran out of memory
@@ -349,6 +353,8 @@ def run_cell(
         t0 = time.perf_counter()
         try:
             result.update(_train(cfg, spec, data, batch_size, device, snapshot))
+        except Diverged as err:
+            diverged = err
         except Exception as err:
             if not is_oom(err):
                 raise
@@ -356,6 +362,14 @@ def run_cell(
             oom_message = str(err).splitlines()[0][:500]
     if oom_message is not None:
         result.update(dict.fromkeys(MEASURED), status="oom", error=oom_message, loss_curve=[])
+    if diverged is not None:
+        result.update(
+            dict.fromkeys(MEASURED),
+            status="diverged",
+            diverged_step=diverged.step,
+            error=str(diverged),
+            loss_curve=diverged.curve,
+        )
     free_memory(device)
     result["allocator"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device == "cuda" else None
     result["provenance"] = provenance(device) | {

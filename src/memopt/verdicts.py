@@ -17,7 +17,7 @@ from memopt.functions import function_of, functions, reference_technique
 
 QUALITY_COLUMNS = (
     "function seed status precision window kernel batch_size steps tokens train_s eval_s wall_s "
-    "val_loss val_ppl final_train_loss error provenance_gpu provenance_gpu_uuid provenance_host "
+    "val_loss val_ppl final_train_loss error diverged_step provenance_gpu provenance_gpu_uuid provenance_host "
     "provenance_git_commit"
 ).split()
 
@@ -46,7 +46,7 @@ def aggregate_quality(paths: list[Path], out_csv: Path) -> pd.DataFrame:
     frame = pd.DataFrame(
         [quality_row(read_quality(Path(p))) for p in paths], columns=QUALITY_COLUMNS
     )
-    for col in ("seed", "window", "batch_size", "steps", "tokens"):
+    for col in ("seed", "window", "batch_size", "steps", "tokens", "diverged_step"):
         frame[col] = frame[col].astype("Int64")
     write_text(out_csv, frame.to_csv(index=False))
     return frame
@@ -82,8 +82,14 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
                 "techniques": members,
                 "kernel": ", ".join(sorted({r["kernel"] for r in done})) or None,
                 "seeds": sorted(r["seed"] for r in done),
-                "failed_seeds": sorted(
-                    r["seed"] for r in by_function.get(function, []) if r["status"] != "ok"
+                # Runs that did not finish: out of memory, or diverged at a step.
+                "failed": sorted(
+                    (
+                        {"seed": r["seed"], "status": r["status"], "step": r.get("diverged_step")}
+                        for r in by_function.get(function, [])
+                        if r["status"] != "ok"
+                    ),
+                    key=lambda f: f["seed"],
                 ),
                 "tokens": done[0]["tokens"] if done else None,
                 "val_loss": loss,
@@ -93,6 +99,10 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
         row["delta_val_loss"] = row["verdict"] = None
+        row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
+        if row["diverged_seeds"]:  # its finite seeds alone would flatter it: no comparison
+            row["verdict"] = "diverged (seed " + ", ".join(map(str, row["diverged_seeds"])) + ")"
+            continue
         if ref is None or row is ref or not row["val_loss"]["n"] or not ref["val_loss"]["n"]:
             continue
         a, b = row["val_loss"], ref["val_loss"]

@@ -1,0 +1,113 @@
+"""The smoke study through Snakemake, for the workflow tests (tests/test_workflow.py,
+tests/test_interrupt.py): a copy of the workflow in a temporary folder with a tiny study config, a
+fixture corpus served as a mirror, and the whole study run once per test session (`smoke`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import DATASET, _prose, write_speakleash_mirror
+
+from memopt.paper_format import tex_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+PDF = {"pdf": 1} if tex_engine() else {}  # paper.pdf is part of `all` where TeX is installed
+
+# The smoke study, smaller still, so the whole DAG runs twice in a few minutes on 2 cores.
+TINY = {
+    "tokenizer": {"vocab_size": 400, "train_chars": 200_000},
+    "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32},
+    "train": {"warmup_steps": 2, "eval_sequences": 8, "eval_batch_size": 4},
+    "measure": {"warmup_steps": 3, "min_timed_steps": 3, "max_timed_steps": 5},
+    "quality": {"tokens": 4096, "batch": 8, "seeds": 2},
+    "exactness": {"steps": 4, "batch": 2},
+    "search": {"cpu_memory_budget_gib": 0.008, "max_batch": 128},
+}
+
+
+def deep_update(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        base[k] = deep_update(base.get(k, {}), v) if isinstance(v, dict) else v
+    return base
+
+
+def workdir(tmp: Path, corpus: dict, techniques: list[str] | None = None) -> Path:
+    """A copy of the workflow (so edits stay local) with a study config for the fixture corpus."""
+    for part in (
+        "Snakefile",
+        "config.yaml",
+        "config",
+        "workflow",
+        "src",
+        "paper/templates",
+        "paper/reference.yaml",
+        "envs",
+    ):
+        src, dst = ROOT / part, tmp / part
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    study = deep_update(yaml.safe_load((ROOT / "config/smoke.yaml").read_text()), TINY)
+    study["device"] = "cpu"
+    study["corpus"].update(corpus)
+    if techniques:
+        study["techniques"] = {k: v for k, v in study["techniques"].items() if k in techniques}
+    (tmp / "study.yaml").write_text(yaml.safe_dump(study))
+    return tmp
+
+
+def snakemake(wd: Path, *args, check=True) -> subprocess.CompletedProcess:
+    # Targets first: --resources would take a target written after it as one more resource.
+    cmd = SNAKEMAKE + [*args, "--cores", "2", "--resources", "gpu=1", "--configfile", "study.yaml"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def planned(wd: Path, *args) -> dict[str, int]:
+    """Jobs a dry run would run, per rule (empty when there is nothing to do)."""
+    proc = snakemake(wd, "-n", *args)
+    out = proc.stdout + proc.stderr
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M))
+    jobs.pop("total", None)
+    return {k: int(v) for k, v in jobs.items()}
+
+
+@pytest.fixture(scope="session")
+def mirror(tmp_path_factory):
+    """Ten long documents (the tiny study needs ~200,000 characters for its tokenizer)."""
+    docs = [
+        (_prose(i, n_paragraphs=25), {"name": f"doc{i:02d}", "quality": "HIGH"}) for i in range(10)
+    ]
+    return write_speakleash_mirror(tmp_path_factory.mktemp("mirror"), docs)
+
+
+@pytest.fixture(scope="session")
+def smoke(mirror, tmp_path_factory):
+    """The whole tiny study, run once: (working directory, seconds it took). Tests read it or
+    dry-run it; one that edits a file restores it."""
+    wd = workdir(
+        tmp_path_factory.mktemp("smoke"),
+        {"source": "mirror", "mirror": str(mirror.path), "dataset": DATASET},
+    )
+    t0 = time.time()
+    snakemake(wd)
+    return wd, time.time() - t0
