@@ -88,7 +88,7 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "memory_breakdown": {
             f"{n}_mib": 10.5 * k + i
             for i, n in enumerate(
-                ("weights", "gradients", "optimizer_state", "activations", "logits")
+                ("weights", "gradients", "optimizer_state", "activations", "logits", "logits_grad")
             )
         }
         if ok

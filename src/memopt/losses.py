@@ -95,9 +95,3 @@ def _fused_loss(loss: str, h: torch.Tensor, weight: torch.Tensor, targets: torch
 
         return linear_cross_entropy(h, weight, targets).float()
     raise ValueError(f"unknown loss {loss!r}")
-
-
-def kept_logits_elements(loss: str, tokens: int, vocab_size: int) -> int:
-    """Logit values kept for the backward pass: all of them for `standard`, none otherwise
-    (recomputed chunk by chunk, or never materialized)."""
-    return tokens * vocab_size if loss == "standard" else 0

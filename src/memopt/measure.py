@@ -141,20 +141,6 @@ def peak_bf16_flops(device_name: str) -> float | None:
     return None
 
 
-def flops_per_token(model_cfg: dict, vocab_size: int, window: int | None) -> float:
-    """Model FLOPs per trained token (forward + backward; recomputation is not counted).
-
-    6 * N_matmul (every weight matrix, the tied output head included) plus attention's two
-    matmuls: 4 * d_model * keys per layer forward, times 3 with the backward pass, where keys is
-    the average number of keys a query sees (causal: (T + 1) / 2; with window W: min(i + 1, W)).
-    """
-    d, L, f, T = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff", "seq_len"))
-    n_matmul = L * (4 * d * d + 2 * d * f) + d * vocab_size
-    w = T if window is None else min(window, T)
-    keys = (w * (w + 1) / 2 + (T - w) * w) / T
-    return 6 * n_matmul + 12 * L * d * keys
-
-
 class StepTimer:
     """Per-step wall time: CUDA events on a GPU (no host sync inside the step), perf_counter on a CPU."""
 

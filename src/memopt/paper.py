@@ -16,8 +16,10 @@ import jinja2
 import yaml
 
 from memopt.errors import MemoptError
+from memopt.paper_analysis import add_hfu, recommendations
 from memopt.paper_format import make_environment
 from memopt.paper_gpus import gpus_used
+from memopt.paper_mechanisms import mechanisms
 from memopt.paper_reference import ratio, reference_comparison
 from memopt.results import (
     FIGURE_NAMES,
@@ -68,7 +70,7 @@ def param_count(model_cfg: dict, vocab_size: int) -> int:
 
 def flops_summary(model_cfg: dict, vocab_size: int, cells: list[dict]) -> dict:
     """What the paper states about model FLOPs: the matmul weights N_matmul of the formula in
-    memopt.measure.flops_per_token, the FLOPs per token a full-attention cell was credited with,
+    memopt.flops.flops_per_token, the FLOPs per token a full-attention cell was credited with,
     and the peak the cells' MFU divides by (both recovered from the cells' own numbers)."""
     d, L, f = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff"))
     ok = [c for c in cells if c["status"] == "ok" and c.get("model_tflops") and c["tokens_per_s"]]
@@ -258,13 +260,15 @@ def build_context(
     reference_path: the YAML of earlier reports' numbers (comparison table), if any;
     quality_csv: the quality runs (results/quality.csv); exactness_paths: the exactness runs."""
     cells = _cells(Path(summary_csv))
+    tokens = read_json(token_meta)
+    if "model" in config and "vocab_size" in tokens:
+        add_hfu(cells, config["model"], tokens["vocab_size"])
     # Search tables follow the cells' technique order, whatever order the paths came in.
     rank = {t: i for i, t in enumerate(dict.fromkeys(c["technique"] for c in cells))}
     searches = sorted(
         (_search(Path(p)) for p in search_paths), key=lambda s: rank.get(s["technique"], len(rank))
     )
     corpus = {"license": None, "description": None, **read_json(corpus_stats)}
-    tokens = read_json(token_meta)
     try:
         model = {**config["model"], "params": param_count(config["model"], tokens["vocab_size"])}
         baseline = config["baseline"]
@@ -276,6 +280,12 @@ def build_context(
     runs = _quality_runs(quality_csv)
     stages = stage_times(benchmark_paths)
     timed = [c["timed_steps"] for c in cells if c.get("timed_steps") is not None]
+    quality = quality_table(runs, config["techniques"], baseline)
+    exact = exactness(
+        [read_json(Path(p)) for p in exactness_paths],
+        config["techniques"],
+        config["exactness"]["tolerance"],
+    )
     return {
         "cells": cells,
         "techniques": _techniques(cells),
@@ -304,13 +314,11 @@ def build_context(
             and ((c.get("allocator_alloc_retries") or 0) > 0 or (c.get("allocator_ooms") or 0) > 0)
         ],
         "findings": findings(cells, searches, baseline),
-        "quality": quality_table(runs, config["techniques"], baseline),
+        "quality": quality,
+        "recommendations": recommendations(cells, quality, baseline),
         "quality_runs": runs,
-        "exactness": exactness(
-            [read_json(Path(p)) for p in exactness_paths],
-            config["techniques"],
-            config["exactness"]["tolerance"],
-        ),
+        "exactness": exact,
+        "mechanisms": mechanisms(cells, baseline, exact["rows"], config["model"]),
         "optimal": throughput_optimal(cells, searches, config["model"]["seq_len"]),
         "relative": relative,
         "references": reference_comparison(reference_path, relative, searches, baseline),

@@ -31,10 +31,6 @@ def is_16bit(precision: str) -> bool:
     return precision in AUTOCAST_DTYPES
 
 
-def activation_bytes(precision: str) -> int:
-    return 2 if is_16bit(precision) else 4
-
-
 def set_precision_flags(precision: str) -> None:
     # fp32 means true FP32 matmuls: TF32 must be off explicitly (it is a global switch).
     tf32 = precision == "tf32"

@@ -46,7 +46,9 @@ PHASE_KEYS = [
     for phase in ("forward", "backward", "optimizer")
     for when in ("after", "peak")
 ]
-BREAKDOWN_KEYS = "weights gradients optimizer_state activations logits offloaded".split()
+BREAKDOWN_KEYS = (
+    "weights gradients optimizer_state activations logits logits_grad offloaded".split()
+)
 # ok; oom: out of memory; diverged: the training loss became non-finite (memopt.divergence).
 STATUSES = ("ok", "oom", "diverged")
 # The paper's figures (memopt.figures writes each as .pdf and .png; the workflow and the paper

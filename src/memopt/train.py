@@ -24,8 +24,8 @@ from memopt.attention import kernel_detail, resolve_kernel
 from memopt.config import config_hash, technique_spec
 from memopt.data import Batches, TokenData
 from memopt.divergence import Diverged, LossWatch
+from memopt.flops import flops_per_token
 from memopt.functions import function_of
-from memopt.losses import kept_logits_elements
 from memopt.measure import (
     MIB,
     MemoryProbe,
@@ -35,7 +35,6 @@ from memopt.measure import (
     counter_delta,
     device_name,
     enough_timed_steps,
-    flops_per_token,
     is_oom,
     peak_bf16_flops,
     provenance,
@@ -43,7 +42,6 @@ from memopt.measure import (
 )
 from memopt.offload import OffloadedBytes, empty_host_cache, offload_context
 from memopt.optimizers import make_optimizer, state_bytes, tensor_bytes
-from memopt.precision import activation_bytes
 from memopt.techniques import (
     Applied,
     apply_technique,
@@ -147,10 +145,16 @@ def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: Memo
         if phase == "backward":
             grads.append(_tensor_bytes(p.grad for p in applied.model.parameters()))
 
-    loss = train_step(applied, opt, x, y, step, cfg["train"], mark)
+    output = {}
+    # Under compile the hooks would run inside the graph: not measured there.
+    hooks = [] if applied.record["compile"] else _output_hooks(eval_model(applied), probe, output)
+    try:
+        loss = train_step(applied, opt, x, y, step, cfg["train"], mark)
+    finally:
+        for hook in hooks:
+            hook.remove()
     params = list(applied.model.parameters())
-    model_cfg = eval_model(applied).cfg
-    micro_tokens = -(-x.size(0) // applied.grad_accum) * x.size(1)  # the first micro-batch
+    measured = len(output) == 2
     breakdown = {
         "weights_mib": _tensor_bytes(params) / MIB,
         "gradients_mib": grads[0] / MIB,
@@ -158,11 +162,30 @@ def measured_step(applied: Applied, opt, x, y, step: int, cfg: dict, probe: Memo
         "activations_mib": phases["after_forward_mib"] - phases["before_step_mib"],
         # In pinned host memory instead (offload: activations), for one micro-batch.
         "offloaded_mib": applied.offloaded.bytes / MIB if applied.offloaded else 0.0,
-        "logits_mib": kept_logits_elements(model_cfg.loss, micro_tokens, model_cfg.vocab_size)
-        * activation_bytes(applied.record["precision"])
-        / MIB,
+        # The output layer (final LayerNorm, logits, loss), measured: what its forward pass
+        # keeps for the backward pass, and what its backward pass needs on top (the logits'
+        # gradient), for the first micro-batch.
+        "logits_mib": phases["after_forward_mib"] - output["before"] / MIB if measured else None,
+        "logits_grad_mib": output["peak"] / MIB - phases["after_forward_mib"] if measured else None,
     }
     return loss, phases, breakdown
+
+
+def _output_hooks(model, probe: MemoryProbe, out: dict) -> list:
+    """Hooks on the final LayerNorm: allocated memory when the output layer's forward pass
+    starts, and the peak from the end of the forward pass until the output layer's backward pass
+    has ended (measured_step resets the peak after the forward pass). The first micro-batch's."""
+
+    def before(module, args):
+        out.setdefault("before", probe.now())
+
+    def after_backward(module, grad_input, grad_output):
+        out.setdefault("peak", probe.peak())
+
+    return [
+        model.ln_f.register_forward_pre_hook(before),
+        model.ln_f.register_full_backward_hook(after_backward),
+    ]
 
 
 def free_memory(device: str) -> None:

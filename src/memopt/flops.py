@@ -1,0 +1,52 @@
+"""FLOPs per trained token, from the model's shape: what the model needs (model FLOPs, for MFU)
+and what a technique's recomputation adds (hardware FLOPs, for HFU). Torch-free: the paper
+computes HFU from the results.
+
+MFU counts useful work only, so it hides what checkpointing costs; HFU counts every FLOP the
+hardware ran, recomputation included (the Megatron-LM and PyTorch FSDP write-ups report both).
+"""
+
+from __future__ import annotations
+
+
+def flops_per_token(model_cfg: dict, vocab_size: int, window: int | None) -> float:
+    """Model FLOPs per trained token (forward + backward; recomputation is not counted).
+
+    6 * N_matmul (every weight matrix, the tied output head included) plus attention's two
+    matmuls: 4 * d_model * keys per layer forward, times 3 with the backward pass, where keys is
+    the average number of keys a query sees (causal: (T + 1) / 2; with window W: min(i + 1, W)).
+    """
+    d, L, f, T = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff", "seq_len"))
+    n_matmul = L * (4 * d * d + 2 * d * f) + d * vocab_size
+    w = T if window is None else min(window, T)
+    keys = (w * (w + 1) / 2 + (T - w) * w) / T
+    return 6 * n_matmul + 12 * L * d * keys
+
+
+def recompute_flops_per_token(model_cfg: dict, vocab_size: int, spec: dict) -> float | None:
+    """FLOPs per token that `spec`'s recomputation adds to the model FLOPs (forward passes run
+    again in the backward pass); None where the amount is not known from the knobs.
+
+    - checkpointing full / every_k: each checkpointed block's forward again: 2 FLOPs per weight
+      of its matmuls plus attention's two matmuls, 4 * d_model * keys (see flops_per_token);
+      `selective` keeps the matmuls and attention and recomputes only elementwise work: nothing.
+    - loss chunked and cce: the logits again, 2 * d_model * vocabulary (liger computes the
+      gradients in its forward pass: nothing).
+    - compile with a memory budget: the compiler chooses what to recompute: unknown (None).
+    """
+    if spec.get("compile") and spec.get("compile_memory_budget") is not None:
+        return None
+    d, L, f, T = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff", "seq_len"))
+    mode = spec.get("checkpointing", "none")
+    if mode == "full":
+        blocks = L
+    elif mode == "every_k":
+        blocks = len(range(0, L, spec.get("checkpoint_every", 2)))  # blocks 0, k, 2k, ...
+    else:
+        blocks = 0
+    w = T if spec.get("window") is None else min(spec["window"], T)
+    keys = (w * (w + 1) / 2 + (T - w) * w) / T
+    extra = blocks * (2 * (4 * d * d + 2 * d * f) + 4 * d * keys)
+    if spec.get("loss") in ("chunked", "cce"):
+        extra += 2 * d * vocab_size
+    return extra

@@ -1,0 +1,151 @@
+"""What the paper concludes from the results, beyond the tables: hardware FLOP utilization beside
+MFU, and the recommendation table (which technique wins each goal, at what cost, against which
+runner-up). Torch-free; every number comes from the cells, the searches and the quality runs.
+"""
+
+from __future__ import annotations
+
+from memopt.flops import flops_per_token, recompute_flops_per_token
+
+# The knobs of a cell that decide its recomputation (summary.csv columns).
+_SPEC = ("checkpointing", "checkpoint_every", "window", "loss", "compile", "compile_memory_budget")
+
+
+def add_hfu(cells: list[dict], model_cfg: dict, vocab_size: int) -> None:
+    """Set each cell's `hfu`: MFU with recomputation counted (None where MFU is, or where the
+    recomputation is not known from the knobs)."""
+    for c in cells:
+        extra = recompute_flops_per_token(model_cfg, vocab_size, {k: c.get(k) for k in _SPEC})
+        model = flops_per_token(model_cfg, vocab_size, c.get("window"))
+        c["hfu"] = None if c.get("mfu") is None or extra is None else c["mfu"] * (1 + extra / model)
+
+
+def _best_per_technique(cells: list[dict], key, entry: str | None = None) -> dict[str, dict]:
+    """Each technique's ok cell with the largest key(cell) (at `entry`, if given)."""
+    best: dict[str, dict] = {}
+    for c in cells:
+        if c["status"] != "ok" or (entry is not None and c["batch_entry"] != entry):
+            continue
+        if c["technique"] not in best or key(c) > key(best[c["technique"]]):
+            best[c["technique"]] = c
+    return best
+
+
+def _quality_by_technique(quality: dict) -> dict[str, dict]:
+    return {t: row for row in quality.get("rows", []) for t in row["techniques"]}
+
+
+def _ranked(best: dict[str, dict], key) -> list[dict]:
+    return sorted(best.values(), key=key, reverse=True)
+
+
+def _within_ci(a: dict, b: dict) -> bool:
+    """Two cells' throughputs are within their step-time intervals of each other."""
+    rel = (a.get("step_time_ms_rel_ci95") or 0) + (b.get("step_time_ms_rel_ci95") or 0)
+    return abs(a["tokens_per_s"] - b["tokens_per_s"]) <= rel * max(
+        a["tokens_per_s"], b["tokens_per_s"]
+    )
+
+
+def _quality_words(row: dict | None) -> str:
+    if row is None or not row["val_loss"]["n"]:
+        return "quality not measured"
+    if row["verdict"] is None:
+        return "the reference quality"
+    return f"quality {row['verdict']} against the baseline's function"
+
+
+def recommendations(cells: list[dict], quality: dict, baseline: str) -> list[dict]:
+    """One row per goal: the winning technique, its figure, what it costs, the runner-up and
+    its figure, and whether the two are within measurement noise. Goals without data are left out.
+
+    - largest batch: the largest batch a `max` cell trained at;
+    - fastest training: the highest tokens/s of any of the technique's cells;
+    - least memory at the same batch: the lowest peak allocated memory at `same`;
+    - best quality per GPU-hour: among techniques whose function is not distinguishably worse
+      than the best function (and never diverged), the highest tokens/s: the same quality in
+      the least time.
+    """
+    q = _quality_by_technique(quality)
+    base = next(
+        (c for c in cells if c["technique"] == baseline and c["batch_entry"] == "same"), None
+    )
+    base = base if base is not None and base["status"] == "ok" else None
+    rows = []
+
+    def row(goal, ranked, figure, cost, noise=None):
+        if not ranked:
+            return
+        win, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+        rows.append(
+            {
+                "goal": goal,
+                "winner": win["technique"],
+                "figure": figure(win),
+                "cost": cost(win),
+                "runner_up": second["technique"] if second else None,
+                "runner_up_figure": figure(second) if second else None,
+                "within_noise": bool(second and noise and noise(win, second)),
+            }
+        )
+
+    def speed_vs_base(c):
+        if base is None:
+            return f"{c['tokens_per_s']:,.0f} tokens/s"
+        return f"{c['tokens_per_s'] / base['tokens_per_s']:.2f}x the baseline's tokens/s"
+
+    largest = _best_per_technique(cells, lambda c: c["batch_size"], entry="max")
+    row(
+        "largest batch",
+        _ranked(largest, lambda c: (c["batch_size"], c["tokens_per_s"])),
+        lambda c: f"{c['batch_size']:,} sequences",
+        lambda c: f"{speed_vs_base(c)} at that batch; {_quality_words(q.get(c['technique']))}",
+    )
+    fastest = _best_per_technique(cells, lambda c: c["tokens_per_s"])
+    row(
+        "fastest training",
+        _ranked(fastest, lambda c: c["tokens_per_s"]),
+        lambda c: f"{c['tokens_per_s']:,.0f} tokens/s at batch {c['batch_size']:,}",
+        lambda c: (
+            f"{c['peak_allocated_mib']:,.0f} MiB peak; {_quality_words(q.get(c['technique']))}"
+        ),
+        _within_ci,
+    )
+    same = _best_per_technique(cells, lambda c: -c["peak_allocated_mib"], entry="same")
+    row(
+        "least memory at the same batch",
+        _ranked(same, lambda c: -c["peak_allocated_mib"]),
+        lambda c: f"{c['peak_allocated_mib']:,.0f} MiB at batch {c['batch_size']:,}",
+        lambda c: f"{speed_vs_base(c)}; {_quality_words(q.get(c['technique']))}",
+    )
+    good = _as_good_as_the_best(quality)
+    quality_fastest = {t: c for t, c in fastest.items() if q.get(t, {}).get("function") in good}
+    row(
+        "best quality per GPU-hour",
+        _ranked(quality_fastest, lambda c: c["tokens_per_s"]),
+        lambda c: (
+            f"{c['tokens_per_s']:,.0f} tokens/s, validation loss "
+            f"{q[c['technique']]['val_loss']['mean']:.4f}"
+        ),
+        lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak at batch {c['batch_size']:,}",
+        _within_ci,
+    )
+    return rows
+
+
+def _as_good_as_the_best(quality: dict) -> set[str]:
+    """The functions whose validation loss is not distinguishably worse than the best function's:
+    their seed ranges overlap its range (with one seed each, only the best itself). A function with
+    a diverged seed is never among them."""
+    rows = [
+        r for r in quality.get("rows", []) if r["val_loss"]["n"] and not r.get("diverged_seeds")
+    ]
+    if not rows:
+        return set()
+    best = min(rows, key=lambda r: r["val_loss"]["mean"])["val_loss"]
+    return {
+        r["function"]
+        for r in rows
+        if r["val_loss"]["mean"] == best["mean"]
+        or (r["val_loss"]["n"] > 1 and best["n"] > 1 and r["val_loss"]["min"] <= best["max"])
+    }

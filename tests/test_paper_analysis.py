@@ -1,0 +1,190 @@
+"""The paper's conclusions (memopt.paper_analysis): HFU from the recomputation the knobs imply, and
+the recommendation table, whose winners must follow from the data."""
+
+import pytest
+from test_paper import md_table, render, study  # noqa: F401  (study: a fixture)
+
+from memopt.flops import flops_per_token, recompute_flops_per_token
+from memopt.paper_analysis import add_hfu, recommendations
+from memopt.verdicts import quality_table
+
+MODEL = {"d_model": 8, "n_layers": 4, "d_ff": 16, "seq_len": 4}
+
+
+def test_recompute_flops_by_hand():
+    block = 2 * (4 * 64 + 2 * 8 * 16) + 4 * 8 * 2.5  # one block's forward: matmuls + attention
+    spec = {"checkpointing": "none", "loss": "standard"}
+    assert recompute_flops_per_token(MODEL, 10, spec) == 0
+    assert recompute_flops_per_token(MODEL, 10, spec | {"checkpointing": "full"}) == 4 * block
+    every2 = spec | {"checkpointing": "every_k", "checkpoint_every": 2}  # blocks 0 and 2
+    assert recompute_flops_per_token(MODEL, 10, every2) == 2 * block
+    assert recompute_flops_per_token(MODEL, 10, spec | {"checkpointing": "selective"}) == 0
+    assert recompute_flops_per_token(MODEL, 10, spec | {"loss": "chunked"}) == 2 * 8 * 10
+    assert recompute_flops_per_token(MODEL, 10, spec | {"loss": "liger"}) == 0
+    budget = spec | {"compile": True, "compile_memory_budget": 0.5}
+    assert recompute_flops_per_token(MODEL, 10, budget) is None
+
+
+def test_hfu_counts_checkpointing_on_top_of_mfu():
+    cells = [
+        {"mfu": 0.3, "checkpointing": "full", "window": None, "loss": "standard"},
+        {"mfu": 0.3, "checkpointing": "none", "window": None, "loss": "standard"},
+        {"mfu": None, "checkpointing": "full", "window": None, "loss": "standard"},
+    ]
+    add_hfu(cells, MODEL, 10)
+    full = recompute_flops_per_token(MODEL, 10, {"checkpointing": "full"})
+    assert cells[0]["hfu"] == pytest.approx(0.3 * (1 + full / flops_per_token(MODEL, 10, None)))
+    assert cells[0]["hfu"] > 0.3 and cells[1]["hfu"] == 0.3 and cells[2]["hfu"] is None
+
+
+def cell(technique, entry, batch, tokens_per_s, peak, rel_ci=0.01, status="ok"):
+    return {
+        "technique": technique,
+        "batch_entry": entry,
+        "batch_size": batch,
+        "tokens_per_s": tokens_per_s,
+        "peak_allocated_mib": peak,
+        "step_time_ms_rel_ci95": rel_ci,
+        "status": status,
+    }
+
+
+TECHNIQUES = {
+    "base": {"precision": "fp32", "window": None},
+    "lean": {"precision": "fp32", "window": None, "checkpointing": "full"},
+    "quick": {"precision": "bf16", "window": None},
+    "local": {"precision": "bf16", "window": 64},
+}
+
+
+def quality_runs(losses: dict[str, tuple]) -> list[dict]:
+    return [
+        {"function": f, "seed": 1234 + i, "status": "ok", "val_loss": v, "val_ppl": 2.0,
+         "kernel": "k", "tokens": 100}
+        for f, values in losses.items()
+        for i, v in enumerate(values)
+    ]  # fmt: skip
+
+
+def test_recommendations_follow_from_the_data():
+    """A synthetic study whose winners are known: `lean` trains the largest batch and needs the
+    least memory; `local` is fastest but its function is worse, so the best quality per GPU-hour
+    is `quick`'s (bf16, as good as fp32); `quick` and `local` are within noise of each other."""
+    cells = [
+        cell("base", "same", 8, 1000, 20000),
+        cell("base", "max", 8, 1000, 20000),
+        cell("lean", "same", 8, 700, 9000),
+        cell("lean", "max", 40, 750, 20000),
+        cell("quick", "same", 8, 3000, 15000),
+        cell("quick", "max", 12, 3050, 20000),
+        cell("local", "same", 8, 3080, 14000),
+        cell("local", "max", 44, 3100, 20000, status="oom"),  # a failed max is no evidence
+    ]
+    runs = quality_runs({"fp32": (5.40, 5.44), "bf16": (5.42, 5.46), "bf16_w64": (5.60, 5.62)})
+    quality = quality_table(runs, TECHNIQUES, "base")
+    rows = {r["goal"]: r for r in recommendations(cells, quality, "base")}
+    assert list(rows) == [
+        "largest batch",
+        "fastest training",
+        "least memory at the same batch",
+        "best quality per GPU-hour",
+    ]
+    big = rows["largest batch"]
+    assert (big["winner"], big["figure"], big["runner_up"]) == ("lean", "40 sequences", "quick")
+    assert big["cost"].startswith("0.75x the baseline's tokens/s at that batch")
+    fast = rows["fastest training"]
+    assert (fast["winner"], fast["runner_up"], fast["within_noise"]) == ("local", "quick", True)
+    assert "worse" in fast["cost"]  # its function's quality verdict comes with it
+    low = rows["least memory at the same batch"]
+    assert (low["winner"], low["figure"], low["runner_up"]) == (
+        "lean",
+        "9,000 MiB at batch 8",
+        "local",
+    )
+    best = rows["best quality per GPU-hour"]
+    assert (best["winner"], best["runner_up"]) == ("quick", "base")
+    assert best["figure"] == "3,050 tokens/s, validation loss 5.4400"
+
+
+def test_no_quality_runs_no_quality_goal_and_one_seed_admits_only_the_best():
+    cells = [cell("base", "same", 8, 1000, 20000), cell("quick", "same", 8, 3000, 15000)]
+    goals = [
+        r["goal"] for r in recommendations(cells, quality_table([], TECHNIQUES, "base"), "base")
+    ]
+    assert "best quality per GPU-hour" not in goals and "largest batch" not in goals
+    one_seed = quality_table(quality_runs({"fp32": (5.40,), "bf16": (5.41,)}), TECHNIQUES, "base")
+    best = recommendations(cells, one_seed, "base")[-1]
+    assert (best["goal"], best["winner"], best["runner_up"]) == (
+        "best quality per GPU-hour",
+        "base",
+        None,
+    )
+
+
+def test_the_paper_prints_the_recommendation_table(study):  # noqa: F811 (the fixture)
+    text = render(study)[0].read_text()
+    rows = {r["goal"]: r for r in md_table(text, "what it costs")}
+    # The synthetic study (tests/test_results.py): baseline's cells are the fastest, local128's the
+    # leanest at `same`, and flash_gradcp's `max` ran out of memory.
+    assert rows["largest batch"]["use"] == "**local128**"
+    assert rows["fastest training"]["use"] == "**baseline**"
+    assert rows["least memory at the same batch"]["use"] == "**local128**"
+    assert rows["best quality per GPU-hour"]["use"] == "**baseline**"
+    assert "HFU" in text
+
+
+def breakdown_cell(technique, kernel, precision, weights, optimizer, activations, logits, peak,
+                   tokens_per_s, **knobs):  # fmt: skip
+    return {
+        "technique": technique, "batch_entry": "same", "batch_size": 50, "status": "ok",
+        "kernel": kernel, "precision": precision, "window": None, "checkpointing": "none",
+        "loss": "standard", "optimizer": "adamw", "offload": "none", "compile": False,
+        "weights_mib": weights, "gradients_mib": weights, "optimizer_state_mib": optimizer,
+        "activations_mib": activations, "logits_mib": logits, "offloaded_mib": 0.0,
+        "peak_allocated_mib": peak, "tokens_per_s": tokens_per_s, "mfu": 0.1, "hfu": None,
+    } | knobs  # fmt: skip
+
+
+def test_mechanisms_explain_each_part_that_moved_with_its_numbers():
+    from memopt.paper_mechanisms import mechanisms
+
+    model = {"n_layers": 12, "n_heads": 12, "seq_len": 1024}
+    cells = [
+        breakdown_cell("base", "math", "fp32", 421, 842, 65110, 6250, 78940, 44687),
+        breakdown_cell(
+            "ckpt",
+            "math",
+            "fp32",
+            421,
+            842,
+            8388,
+            6250,
+            22219,
+            35523,
+            checkpointing="full",
+            hfu=0.12,
+        ),  # fmt: skip
+        breakdown_cell("half", "math", "bf16", 421, 842, 70169, 3125, 77750, 108227),
+        breakdown_cell("fused", "flash", "bf16", 421, 842, 26985, 3125, 34565, 390062),
+    ]
+    exact = [{"technique": "ckpt", "reference": "base", "max_abs_diff": 0.0, "steps": 50}]
+    text = {m["technique"]: m["text"] for m in mechanisms(cells, "base", exact, model)}
+    assert list(text) == ["ckpt", "half", "fused"]
+    ckpt = text["ckpt"]
+    assert "Peak 22,219 MiB against the baseline's 78,940 MiB (71.9% less)." in ckpt
+    assert "58,860 MiB to 2,138 MiB (-56,722), because checkpointing keeps only" in ckpt
+    assert "Logits kept" not in ckpt and "Working memory" not in ckpt  # they did not move
+    assert "0.79x the baseline's tokens per second (MFU 10.0%; HFU 12.0%" in ckpt
+    assert "bitwise identical to base's over the 50-step exactness run" in ckpt
+    half = text["half"]
+    assert (
+        "(+8,184), because under bf16 autocast the explicit kernel runs its softmax in FP32" in half
+    )
+    assert "6,250 MiB to 3,125 MiB (-3,125), because the logits are bf16 instead of fp32" in half
+    assert "bitwise" not in half
+    fused = text["fused"]
+    # 50 x 12 x 12 x 1024^2 FP32 values
+    assert (
+        "the fused flash attention kernel never stores" in fused and "28,800 MiB per FP32" in fused
+    )
+    assert mechanisms(cells[1:], "base", exact, model) == []  # no baseline cell: nothing to say
