@@ -116,11 +116,23 @@ def test_results_table_matches_summary(study):
             continue
         for header, (column, decimals) in TABLE_NUMBERS.items():
             assert row[header] == f"{expected[column]:,.{decimals}f}", (header, row)
-        mean, half = (expected[f"step_time_ms_{s}"] for s in ("mean", "ci95_half"))
-        assert row["step time (ms)"] == f"{mean:,.1f} ± {half:,.1f}"
+        median, lo, hi = (
+            expected[f"step_time_ms_{s}"] for s in ("median", "median_lo", "median_hi")
+        )
+        mark = " †" if isinstance(expected["unstable"], str) else ""
+        assert row["median step (ms)"] == f"{median:,.1f} [{lo:,.1f}–{hi:,.1f}]{mark}"
+        assert bool(mark) == ((row["technique"], row["entry"]) == ("local128", "max"))
         assert row["retries"] == str(
             int(expected["allocator_alloc_retries"] + expected["allocator_ooms"])
         )
+
+
+def test_unstable_cells_are_flagged_with_the_reason(study):
+    text = render(study)[0].read_text()
+    assert (
+        "† Unstable cells, whose mean step time misleads (the median is the steady state): " in text
+    )
+    assert "`local128` (max, batch 24): first 3 timed steps +40% off the rest." in text
 
 
 def test_search_table_and_abstract(study):

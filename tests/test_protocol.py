@@ -266,3 +266,24 @@ def test_a_max_cell_at_the_same_batch_reuses_the_same_cell(tiny_study, tmp_path)
     own = cell_file(cfg, "baseline", "max", tmp_path, searches, tmp_path / "max.json",
                     same_cell=tmp_path / "same.json")  # fmt: skip
     assert own["batch_size"] == 3 and "measured_as" not in own
+
+
+def test_median_interval_is_the_order_statistics_interval():
+    from memopt.steady import median_interval
+
+    assert median_interval([5.0] * 5) == (None, None)  # too few steps for 95%
+    times = [float(v) for v in range(100, 0, -1)]  # order must not matter
+    assert median_interval(times) == (40.0, 61.0)  # the textbook ranks for n = 100
+    assert median_interval([float(v) for v in range(1, 11)]) == (1.0, 10.0)
+
+
+def test_instability_names_a_warming_start_and_a_wide_spread():
+    from memopt.steady import instability
+
+    steady = [100.0 + (i % 3) * 0.5 for i in range(60)]
+    assert instability(steady) is None
+    warming = [135.0] * 6 + steady[6:]  # the first tenth ~35% slower than the median 100.5
+    assert instability(warming) == "first 6 timed steps +34% off the rest"
+    modes = [100.0, 130.0] * 30  # two modes, no warm-up
+    assert instability(modes) == "10th-90th percentile spread 26% of the median"
+    assert instability(steady[:7]) is None  # too few to judge

@@ -12,6 +12,7 @@ import pandas as pd
 
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-exported)
+from memopt.steady import instability, median_interval
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
 CELL_KEYS = """
@@ -76,6 +77,7 @@ SUMMARY_COLUMNS = (
     + "kernel kernel_detail device device_name steps warmup_steps timed_steps seq_len".split()
     + ["tokens_per_step"]
     + [f"step_time_ms_{stat}" for stat in STEP_TIME_STATS]
+    + ["step_time_ms_median_lo", "step_time_ms_median_hi", "unstable"]
     + "timed_s warmup_s".split()
     + [f"allocator_{key}" for key in ALLOCATOR_KEYS]
     + "tokens_per_s model_tflops mfu wall_s peak_allocated_mib peak_reserved_mib".split()
@@ -134,7 +136,12 @@ def cell_row(cell: dict) -> dict:
     row = {key: cell[key] for key in ("technique", "batch_entry", "batch_size", "status")}
     row.update({key: cell["spec"][key] for key in SPEC_KEYS})
     row.update({key: cell["spec"].get(key, value) for key, value in LATER_SPEC_KEYS.items()})
+    times = cell.get("step_times_ms") or []
+    row["step_time_ms_median_lo"], row["step_time_ms_median_hi"] = median_interval(times)
+    row["unstable"] = instability(times)
     for key in SUMMARY_COLUMNS:
+        if key in row:
+            continue
         if key.startswith("step_time_ms_"):
             row[key] = step_time.get(key.removeprefix("step_time_ms_"))
         elif key.startswith("provenance_"):
