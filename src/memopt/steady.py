@@ -48,5 +48,7 @@ def instability(times: list[float]) -> str | None:
     s = sorted(times)
     p10, p90 = s[round(0.1 * (len(s) - 1))], s[round(0.9 * (len(s) - 1))]
     if p90 - p10 > SPREAD * median:
-        reasons.append(f"10th-90th percentile spread {100 * (p90 - p10) / median:.0f}% of the median")
+        reasons.append(
+            f"10th-90th percentile spread {100 * (p90 - p10) / median:.0f}% of the median"
+        )
     return "; ".join(reasons) or None
