@@ -67,10 +67,15 @@ def workdir(tmp: Path, corpus: dict, techniques: list[str] | None = None) -> Pat
     return tmp
 
 
-def snakemake(wd: Path, *args, check=True) -> subprocess.CompletedProcess:
-    # Targets first: --resources would take a target written after it as one more resource.
+def study_command(*args) -> tuple[list[str], dict]:
+    """The study's Snakemake command line (targets first: --resources would take a target
+    written after it as one more resource) and its environment."""
     cmd = SNAKEMAKE + [*args, "--cores", "2", "--resources", "gpu=1", "--configfile", "study.yaml"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return cmd, dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def snakemake(wd: Path, *args, check=True) -> subprocess.CompletedProcess:
+    cmd, env = study_command(*args)
     proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -34,6 +34,7 @@ def test_default_study_matches_the_issue():
     assert (cfg["exactness"]["steps"], cfg["exactness"]["tolerance"]["bf16"]) == (50, 0.05)
     assert set(cfg["techniques"]) == {
         "baseline",
+        "tf32",  # issue 15: the TF32 reference
         "flash",
         "local128",
         # Issue 12: the logits, the optimizer state, offloading, compilation.

@@ -190,6 +190,16 @@ def test_mirror_dir_without_dataset_list(tmp_path):
         )
 
 
+def test_missing_manifest_names_the_dataset_and_where(make_speakleash_mirror, speakleash_documents, tmp_path):  # fmt: skip
+    mirror = make_speakleash_mirror(speakleash_documents)
+    (mirror.path / f"{mirror.dataset}.manifest").unlink()
+    with pytest.raises(CorpusError) as err:
+        run(corpus_cfg(mirror), tmp_path)
+    assert str(err.value).startswith(f"corpus.dataset: '{mirror.dataset}': could not read ")
+    assert f"{mirror.dataset}.manifest at " in str(err.value)
+    assert not list((tmp_path).rglob("*.jsonl"))  # nothing written
+
+
 def test_too_few_documents(speakleash_mirror, tmp_path):
     with pytest.raises(CorpusError, match="corpus.min_chars"):
         run(corpus_cfg(speakleash_mirror, min_chars=100_000), tmp_path)

@@ -178,3 +178,50 @@ def test_ranks_agree_on_the_first_diverged_step(tmp_path):
     for rank, out in enumerate(outs):
         assert out == {"rank": rank, "checked_at": 7, "step": 5, "loss": "nan",
                        "curve": [2.5] * 4}  # fmt: skip
+
+
+def test_a_reference_with_a_diverged_seed_is_no_yardstick():
+    from memopt.verdicts import quality_table
+
+    techniques = {"base": {"precision": "fp32", "window": None},
+                  "quick": {"precision": "bf16", "window": None}}  # fmt: skip
+    runs = [
+        {"function": "fp32", "seed": 1, "status": "ok", "val_loss": 5.0, "val_ppl": 148.4,
+         "kernel": "math", "tokens": 10},
+        {"function": "fp32", "seed": 2, "status": "diverged", "diverged_step": 9,
+         "val_loss": None, "val_ppl": None},
+        {"function": "bf16", "seed": 1, "status": "ok", "val_loss": 5.5, "val_ppl": 244.7,
+         "kernel": "flash", "tokens": 10},
+        {"function": "bf16", "seed": 2, "status": "ok", "val_loss": 5.6, "val_ppl": 270.4,
+         "kernel": "flash", "tokens": 10},
+    ]  # fmt: skip
+    rows = {r["function"]: r for r in quality_table(runs, techniques, "base")["rows"]}
+    assert rows["fp32"]["verdict"] == "diverged (seed 2)"
+    assert rows["bf16"]["verdict"] == "n/a: the reference diverged"
+    assert rows["bf16"]["delta_val_loss"] is None
+
+
+def test_a_non_finite_validation_loss_is_a_divergence_too(tiny_study, monkeypatch):
+    """The last update can break the weights after the last training loss was read."""
+    cfg, data = tiny_study
+    cfg = cfg | {"quality": {"tokens": 4 * 32 * 5, "batch": 4, "seeds": 1}}
+    monkeypatch.setattr(memopt.quality, "evaluate", lambda *args: float("nan"))
+    run = run_quality(cfg, "fp32", 1234, data, "cpu")
+    assert run["status"] == "diverged" and run["diverged_step"] == 6  # after the 5 steps
+    assert run["error"] == "validation loss after the last update became nan at step 6"
+    assert run["val_ppl"] is None and len(run["loss_curve"]) == 5
+
+
+def test_a_quality_run_out_of_memory_is_a_result(tiny_study, monkeypatch):
+    """(A CPU quality run has no memory budget: the GPU's error is raised by hand.)"""
+    import torch
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    cfg, data = tiny_study
+    monkeypatch.setattr(memopt.quality, "train_step", out_of_memory)
+    run = run_quality(cfg | {"quality": {"tokens": 640, "batch": 4, "seeds": 1}}, "fp32", 1234,
+                      data, "cpu")  # fmt: skip
+    assert run["status"] == "oom" and run["error"].startswith("quality.batch 4 does not fit")
+    assert run["val_loss"] is None and run["val_ppl"] is None

@@ -188,3 +188,22 @@ def test_mechanisms_explain_each_part_that_moved_with_its_numbers():
         "the fused flash attention kernel never stores" in fused and "28,800 MiB per FP32" in fused
     )
     assert mechanisms(cells[1:], "base", exact, model) == []  # no baseline cell: nothing to say
+
+
+def test_the_tf32_reference_is_the_baseline_with_tf32_and_gets_its_own_speedups():
+    from memopt.paper_analysis import add_tf32_speedups, tf32_reference
+    from memopt.results import LATER_SPEC_KEYS, SPEC_KEYS
+
+    knobs = dict.fromkeys(SPEC_KEYS, None) | LATER_SPEC_KEYS | {"attention": "math"}
+    cells = [
+        cell("base", "same", 8, 1000, 20000) | knobs | {"precision": "fp32"},
+        cell("tf32ish", "same", 8, 2500, 20000) | knobs | {"precision": "tf32", "compile": True},
+        cell("tf", "same", 8, 4000, 20000) | knobs | {"precision": "tf32"},
+        cell("quick", "same", 8, 8000, 9000) | knobs | {"precision": "bf16"},
+    ]
+    ref = tf32_reference(cells, "base")
+    assert ref["technique"] == "tf"  # tf32ish differs in another knob: not the reference
+    relative = [{"technique": "quick", "batch_entry": "same"}]
+    add_tf32_speedups(relative, cells, ref)
+    assert relative[0]["speedup_tf32"] == 2.0
+    assert tf32_reference(cells[:2] + cells[3:], "base") is None

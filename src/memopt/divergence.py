@@ -20,9 +20,9 @@ class Diverged(Exception):
     """The training loss became non-finite at `step` (counted from 1); `curve` holds the losses
     of the steps before it."""
 
-    def __init__(self, step: int, loss: float, curve: list[float]):
+    def __init__(self, step: int, loss: float, curve: list[float], what: str = "training loss"):
         self.step, self.loss, self.curve = step, loss, curve
-        super().__init__(f"training loss became {loss} at step {step}")
+        super().__init__(f"{what} became {loss} at step {step}")
 
 
 class LossWatch:

@@ -31,11 +31,11 @@ from memopt.figures_style import (
     _mark_unmeasured,
     _ok,
     _oom_hband,
-    _oom_note,
     _placeholder,
     _short,
     _unmeasured,
     _unmeasured_handles,
+    _unmeasured_note,
     render_all,
 )
 from memopt.results import (
@@ -103,8 +103,11 @@ def _loss_figure(runs: list[dict]) -> Figure:
     failed = []
     for function, group in by_function.items():
         curves = [r["loss_curve"] for r in group if r["status"] == "ok" and r["loss_curve"]]
+        if any(r["status"] == "diverged" for r in group):
+            failed.append(f"{function} (a seed diverged)")
+            continue
         if not curves:
-            failed.append(function)
+            failed.append(f"{function} (no run finished)")
             continue
         n = min(map(len, curves))
         tokens = [(i + 1) * group[0]["tokens_per_step"] for i in range(n)]
@@ -124,7 +127,7 @@ def _loss_figure(runs: list[dict]) -> Figure:
         ax.text(
             0.99,
             0.97,
-            "no run finished: " + ", ".join(failed),
+            "not shown: " + ", ".join(failed),
             transform=ax.transAxes,
             ha="right",
             va="top",
@@ -211,7 +214,7 @@ def _tradeoff_figure(summary) -> Figure:
     cells = [(r["technique"], None if one_entry else r["batch_entry"]) for _, r in ok.iterrows()]
     for (x, y), label in label_groups(points, cells):
         ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7, va="top")
-    _oom_note(ax, summary)
+    _unmeasured_note(ax, summary)
     ax.legend(
         handles=[
             Patch(color="#DD8452", label="Pareto-optimal"),
@@ -369,11 +372,15 @@ def make_figures(
     searches = [read_json(Path(p)) for p in search_paths]
     runs = [read_json(Path(p)) for p in quality_paths]
     ppl: dict[str, list[float]] = {}
+    diverged = {run["function"] for run in runs if run["status"] == "diverged"}
     for run in runs:
-        if run["status"] == "ok":
+        if run["status"] == "ok" and run["function"] not in diverged:  # no flattering mean
             ppl.setdefault(run["function"], []).append(run["val_ppl"])
     summary["val_ppl"] = (
         summary["function"].map({f: sum(v) / len(v) for f, v in ppl.items()}).astype(float)
+    )
+    summary["quality_status"] = summary["function"].map(
+        lambda f: "diverged" if f in diverged else "ok"
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,10 @@ from memopt.figures_style import (
     _main_entry,
     _mark_unmeasured,
     _ok,
-    _oom_note,
     _placeholder,
     _short,
     _unmeasured,
+    _unmeasured_note,
 )
 
 
@@ -99,7 +99,7 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
     if not ax.lines and not ax.collections:
         _placeholder(ax, "no measured memory")
         return fig
-    _oom_note(ax, summary)
+    _unmeasured_note(ax, summary)
     handles, _ = ax.get_legend_handles_labels()
     handles += [
         Line2D(
@@ -129,7 +129,7 @@ def _speed_batch_figure(summary) -> Figure:
     if not ax.lines:
         _placeholder(ax, "no cell fitted in memory")
         return fig
-    _oom_note(ax, summary)
+    _unmeasured_note(ax, summary)
     _batch_axes(ax, "throughput (tokens/s)", ax.get_legend_handles_labels()[0])
     return fig
 
@@ -172,8 +172,10 @@ def _windows_figure(summary) -> Figure:
     for ax, (column, title) in zip(axes, panels):
         for i, row in enumerate(group):
             value = getattr(row, column)
-            if row.status != "ok" or value != value:
-                _mark_unmeasured(ax, i, 0.7, _unmeasured(row.status), "#B00020")
+            # The perplexity is the function's (quality runs), not the cell's.
+            status = row.quality_status if column == "val_ppl" else row.status
+            if status != "ok" or value != value:
+                _mark_unmeasured(ax, i, 0.7, _unmeasured(status), "#B00020")
                 continue
             ax.bar(i, value, 0.7, color="#55A868" if row.window == row.window else "#4C72B0")
             ax.text(i, value, _short(value), ha="center", va="bottom", fontsize=6.5)

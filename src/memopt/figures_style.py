@@ -110,19 +110,18 @@ def _main_entry(summary) -> str:
     return "same" if "same" in entries else entries[0]
 
 
-# How a cell that has no measurement is marked, by its status (anything else: "n/a").
-UNMEASURED = {"oom": "OOM", "diverged": "diverged"}
+# How a cell that has no measurement is marked, by its status: (mark, legend); else "n/a".
+UNMEASURED = {"oom": ("OOM", "out of memory"), "diverged": ("diverged", "diverged")}
 
 
 def _unmeasured(status) -> str:
-    return UNMEASURED.get(status, "n/a")
+    return UNMEASURED.get(status, ("n/a",))[0]
 
 
 def _unmeasured_handles(summary) -> list:
     """The legend entry of hatched columns, naming what they mean in this figure."""
     failed = sorted(set(summary["status"]) - {"ok"})
-    names = {"oom": "out of memory", "diverged": "diverged"}
-    label = " / ".join(names.get(status, status) for status in failed)
+    label = " / ".join(UNMEASURED.get(status, (0, status))[1] for status in failed)
     return [Patch(facecolor="none", edgecolor="grey", hatch="///", label=label)] if failed else []
 
 
@@ -153,22 +152,21 @@ def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
     )
 
 
-def _oom_note(ax, summary) -> None:
+def _unmeasured_note(ax, summary) -> None:
     """Name the cells that ran out of memory or diverged in the plot, rather than leave them out
     silently."""
-    oom = summary[summary["status"] != "ok"]
-    if not oom.empty:
+    failed = summary[summary["status"] != "ok"]
+    if not failed.empty:
         names = ", ".join(
             f"{r.technique} ({r.batch_entry}"
             + ("" if r.batch_size != r.batch_size else f", b={int(r.batch_size)}")
-            + ("" if r.status == "oom" else f", {_unmeasured(r.status)}")
-            + ")"
-            for r in oom.itertuples()
+            + f", {_unmeasured(r.status)})"
+            for r in failed.itertuples()
         )
         ax.text(
             0.99,
             0.02,
-            f"OOM, not shown: {names}",
+            f"not shown: {names}",
             transform=ax.transAxes,
             ha="right",
             va="bottom",

@@ -16,16 +16,21 @@ import jinja2
 import yaml
 
 from memopt.errors import MemoptError
-from memopt.paper_analysis import add_hfu, recommendations
+from memopt.paper_analysis import (
+    add_hfu,
+    add_tf32_speedups,
+    findings,
+    recommendations,
+    tf32_reference,
+)
 from memopt.paper_format import make_environment
 from memopt.paper_gpus import gpus_used
 from memopt.paper_mechanisms import mechanisms
-from memopt.paper_reference import ratio, reference_comparison
+from memopt.paper_reference import reference_comparison
 from memopt.results import (
     FIGURE_NAMES,
     INT_COLUMNS,
     analysis,
-    entry_sort_key,
     incremental_effects,
     parallel_label,
     read_json,
@@ -116,56 +121,6 @@ def _search(path: Path) -> dict:
         "fixed_mib": fit.get("fixed_mib"),
         "per_sample_mib": fit.get("per_sample_mib"),
     }
-
-
-def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
-    """The headline numbers of the abstract, at the `same` batch (else the first entry)."""
-    entries = sorted({c["batch_entry"] for c in cells}, key=entry_sort_key)
-    entry = "same" if "same" in entries else (entries[0] if entries else None)
-    ok = [c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"]
-    base = next((c for c in ok if c["technique"] == baseline), None)
-    result = {
-        "entry": entry,
-        "batch_size": None,
-        "baseline_ok": base is not None,
-        "lowest_memory": None,
-        "fastest": None,
-        "largest_batch": None,
-    }
-    if ok:
-        result["batch_size"] = ok[0]["batch_size"]
-        low = min(ok, key=lambda c: c["peak_allocated_mib"])
-        base_mib = base["peak_allocated_mib"] if base else None
-        saving = 100 * (1 - low["peak_allocated_mib"] / base_mib) if base_mib else None
-        result["lowest_memory"] = {
-            "technique": low["technique"],
-            "peak_mib": low["peak_allocated_mib"],
-            "baseline_mib": base_mib,
-            "saving_pct": saving,
-        }
-        fast = max(ok, key=lambda c: c["tokens_per_s"])
-        base_tps = base["tokens_per_s"] if base else None
-        result["fastest"] = {
-            "technique": fast["technique"],
-            "tokens_per_s": fast["tokens_per_s"],
-            "baseline_tokens_per_s": base_tps,
-            "speedup": ratio(fast["tokens_per_s"], base_tps),
-        }
-    # "Trains" means a cell finished: a search maximum whose full run ran out of memory is not it.
-    trained = [c for c in cells if c["status"] == "ok"]
-    if trained:
-        top = max(trained, key=lambda c: c["batch_size"])
-        base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
-        base_max = max(base_batches) if base_batches else None
-        status = {s["technique"]: s["status"] for s in searches}
-        result["largest_batch"] = {
-            "technique": top["technique"],
-            "max_batch": top["batch_size"],
-            "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
-            "baseline_max_batch": base_max,
-            "ratio": ratio(top["batch_size"], base_max),
-        }
-    return result
 
 
 def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> int:
@@ -277,6 +232,8 @@ def build_context(
     # Device and step counts as the cells recorded them (an oom cell has no step counts).
     first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
     relative = relative_to_baseline(cells, baseline)
+    tf32 = tf32_reference(cells, baseline)
+    add_tf32_speedups(relative, cells, tf32)
     runs = _quality_runs(quality_csv)
     stages = stage_times(benchmark_paths)
     timed = [c["timed_steps"] for c in cells if c.get("timed_steps") is not None]
@@ -321,6 +278,7 @@ def build_context(
         "mechanisms": mechanisms(cells, baseline, exact["rows"], config["model"]),
         "optimal": throughput_optimal(cells, searches, config["model"]["seq_len"]),
         "relative": relative,
+        "tf32": tf32,
         "references": reference_comparison(reference_path, relative, searches, baseline),
         "stages": stages,
         "share": measurement_share(stages, cells, runs),

@@ -1,11 +1,14 @@
-"""What the paper concludes from the results, beyond the tables: hardware FLOP utilization beside
-MFU, and the recommendation table (which technique wins each goal, at what cost, against which
-runner-up). Torch-free; every number comes from the cells, the searches and the quality runs.
+"""What the paper concludes from the results, beyond the tables: the abstract's headline numbers,
+hardware FLOP utilization beside MFU, the TF32 reference beside the FP32 baseline, and the
+recommendation table (which technique wins each goal, at what cost, against which runner-up).
+Torch-free; every number comes from the cells, the searches and the quality runs.
 """
 
 from __future__ import annotations
 
 from memopt.flops import flops_per_token, recompute_flops_per_token
+from memopt.paper_reference import ratio
+from memopt.results import LATER_SPEC_KEYS, SPEC_KEYS, entry_sort_key
 
 # The knobs of a cell that decide its recomputation (summary.csv columns).
 _SPEC = ("checkpointing", "checkpoint_every", "window", "loss", "compile", "compile_memory_budget")
@@ -149,3 +152,79 @@ def _as_good_as_the_best(quality: dict) -> set[str]:
         if r["val_loss"]["mean"] == best["mean"]
         or (r["val_loss"]["n"] > 1 and best["n"] > 1 and r["val_loss"]["min"] <= best["max"])
     }
+
+
+def tf32_reference(cells: list[dict], baseline: str) -> dict | None:
+    """The TF32 reference: a technique that is the FP32 baseline with TF32 matmuls, every other
+    knob equal. FP32 with TF32 off is the H100's slowest path; speed-ups are also given against
+    this reference, the 'FP32/TF32' baseline most reports mean. Its name and its `same` cell."""
+    knobs = SPEC_KEYS + list(LATER_SPEC_KEYS)
+    same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
+    base = same.get(baseline)
+    if base is None or base["precision"] != "fp32":
+        return None
+    for name, c in same.items():
+        if c["precision"] == "tf32" and all(c[k] == base[k] for k in knobs if k != "precision"):
+            return {"technique": name, "cell": c}
+    return None
+
+
+def add_tf32_speedups(relative: list[dict], cells: list[dict], ref: dict | None) -> None:
+    """Each row of the comparison with the baseline gets its speed-up against the TF32
+    reference too (None without one)."""
+    by_key = {(c["technique"], c["batch_entry"]): c for c in cells}
+    for row in relative:
+        cell = by_key[row["technique"], row["batch_entry"]]
+        row["speedup_tf32"] = (
+            cell["tokens_per_s"] / ref["cell"]["tokens_per_s"] if ref is not None else None
+        )
+
+
+def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
+    """The headline numbers of the abstract, at the `same` batch (else the first entry)."""
+    entries = sorted({c["batch_entry"] for c in cells}, key=entry_sort_key)
+    entry = "same" if "same" in entries else (entries[0] if entries else None)
+    ok = [c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"]
+    base = next((c for c in ok if c["technique"] == baseline), None)
+    result = {
+        "entry": entry,
+        "batch_size": None,
+        "baseline_ok": base is not None,
+        "lowest_memory": None,
+        "fastest": None,
+        "largest_batch": None,
+    }
+    if ok:
+        result["batch_size"] = ok[0]["batch_size"]
+        low = min(ok, key=lambda c: c["peak_allocated_mib"])
+        base_mib = base["peak_allocated_mib"] if base else None
+        saving = 100 * (1 - low["peak_allocated_mib"] / base_mib) if base_mib else None
+        result["lowest_memory"] = {
+            "technique": low["technique"],
+            "peak_mib": low["peak_allocated_mib"],
+            "baseline_mib": base_mib,
+            "saving_pct": saving,
+        }
+        fast = max(ok, key=lambda c: c["tokens_per_s"])
+        base_tps = base["tokens_per_s"] if base else None
+        result["fastest"] = {
+            "technique": fast["technique"],
+            "tokens_per_s": fast["tokens_per_s"],
+            "baseline_tokens_per_s": base_tps,
+            "speedup": ratio(fast["tokens_per_s"], base_tps),
+        }
+    # "Trains" means a cell finished: a search maximum whose full run ran out of memory is not it.
+    trained = [c for c in cells if c["status"] == "ok"]
+    if trained:
+        top = max(trained, key=lambda c: c["batch_size"])
+        base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
+        base_max = max(base_batches) if base_batches else None
+        status = {s["technique"]: s["status"] for s in searches}
+        result["largest_batch"] = {
+            "technique": top["technique"],
+            "max_batch": top["batch_size"],
+            "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
+            "baseline_max_batch": base_max,
+            "ratio": ratio(top["batch_size"], base_max),
+        }
+    return result

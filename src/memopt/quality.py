@@ -136,6 +136,10 @@ def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: st
         t0 = time.perf_counter()
         seqs = eval_sequences(data.val, cfg["model"]["seq_len"], cfg["train"]["eval_sequences"])
         val_loss = evaluate(eval_model(applied), seqs, cfg["train"]["eval_batch_size"], device)
+        if not math.isfinite(val_loss):  # the last update broke the weights
+            raise Diverged(
+                budget["steps"] + 1, val_loss, curve, "validation loss after the last update"
+            )
         result.update(
             status="ok",
             kernel=applied.kernel,
@@ -149,7 +153,7 @@ def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: st
             val_ppl=math.exp(min(val_loss, 50.0)),
             error=None,
         )
-    except Diverged as err:
+    except Diverged as err:  # the exception is not kept (its traceback holds the model)
         result.update(
             status="diverged",
             diverged_step=err.step,

@@ -367,32 +367,33 @@ def run_cell(
         "seq_len": cfg["model"]["seq_len"],
         "kernel": resolve_kernel(spec["attention"], spec["window"], device, spec["precision"]),
     }
-    oom_message, earlier, diverged = None, parallel.previous_oom(), None
+    # What a cell that did not finish records instead of measurements (the exception itself is
+    # not kept: its traceback would keep the model and optimizer alive past free_memory).
+    failed, earlier = None, parallel.previous_oom()
     if batch_size < 1:
-        oom_message = f"no batch fits ({batch_entry} resolved to {batch_size})"
+        failed = {
+            "status": "oom",
+            "error": f"no batch fits ({batch_entry} resolved to {batch_size})",
+        }
     elif earlier is not None:  # a rank of this parallel job's last launch ran out of memory
-        oom_message = f"rank {earlier['rank']}: " + earlier["error"].splitlines()[0]
+        failed = {
+            "status": "oom",
+            "error": f"rank {earlier['rank']}: " + earlier["error"].splitlines()[0],
+        }
     else:
         t0 = time.perf_counter()
         try:
             result.update(_train(cfg, spec, data, batch_size, device, snapshot))
         except Diverged as err:
-            diverged = err
+            failed = {"status": "diverged", "diverged_step": err.step, "error": str(err),
+                      "loss_curve": err.curve}  # fmt: skip
         except Exception as err:
             if not is_oom(err):
                 raise
             parallel.out_of_memory(err, batch_size, time.perf_counter() - t0)
-            oom_message = str(err).splitlines()[0][:500]
-    if oom_message is not None:
-        result.update(dict.fromkeys(MEASURED), status="oom", error=oom_message, loss_curve=[])
-    if diverged is not None:
-        result.update(
-            dict.fromkeys(MEASURED),
-            status="diverged",
-            diverged_step=diverged.step,
-            error=str(diverged),
-            loss_curve=diverged.curve,
-        )
+            failed = {"status": "oom", "error": str(err).splitlines()[0][:500]}
+    if failed is not None:
+        result.update(dict.fromkeys(MEASURED) | {"loss_curve": []} | failed)
     free_memory(device)
     result["allocator"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device == "cuda" else None
     result["provenance"] = provenance(device) | {

@@ -96,12 +96,16 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
                 "val_ppl": ppl,
             }
         )
+    for row in rows:
+        row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
         row["delta_val_loss"] = row["verdict"] = None
-        row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
         if row["diverged_seeds"]:  # its finite seeds alone would flatter it: no comparison
             row["verdict"] = "diverged (seed " + ", ".join(map(str, row["diverged_seeds"])) + ")"
+            continue
+        if ref is not None and ref["diverged_seeds"] and row is not ref:
+            row["verdict"] = "n/a: the reference diverged"  # nothing fair to compare with
             continue
         if ref is None or row is ref or not row["val_loss"]["n"] or not ref["val_loss"]["n"]:
             continue
