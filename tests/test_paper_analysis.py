@@ -207,3 +207,14 @@ def test_the_tf32_reference_is_the_baseline_with_tf32_and_gets_its_own_speedups(
     add_tf32_speedups(relative, cells, ref)
     assert relative[0]["speedup_tf32"] == 2.0
     assert tf32_reference(cells[:2] + cells[3:], "base") is None
+
+
+def test_the_peak_parts_add_up_to_the_peak():
+    from memopt.paper_mechanisms import peak_parts
+
+    c = breakdown_cell("base", "math", "fp32", 421, 842, 65110, 6250, 78940, 44687)
+    parts = peak_parts(c)
+    drawn = ("weights", "optimizer", "activations", "logits", "working")
+    assert sum(parts[k] for k in drawn) == pytest.approx(78940)
+    assert parts["working"] == pytest.approx(78940 - 421 - 842 - 65110)
+    assert peak_parts(c | {"activations_mib": float("nan")}) == {}  # not measured: nothing

@@ -14,7 +14,6 @@ import itertools
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
@@ -38,6 +37,7 @@ from memopt.figures_style import (
     _unmeasured_note,
     render_all,
 )
+from memopt.paper_mechanisms import peak_parts
 from memopt.results import (
     FIGURE_NAMES,
     entry_sort_key,
@@ -267,59 +267,42 @@ def _memory_saved_figure(summary, baseline: str) -> Figure:
     return fig
 
 
-BREAKDOWN = [
-    ("weights_mib", "weights", "#4C72B0"),
-    ("gradients_mib", "gradients", "#DD8452"),
-    ("optimizer_state_mib", "optimizer state", "#55A868"),
-    ("activations_mib", "activations", "#8172B3"),
+# The parts of the peak (memopt.paper_mechanisms): what exists when the peak is reached. The
+# gradients are not among them: at the peak, early in the backward pass, they do not exist yet.
+PEAK_PARTS = [
+    ("weights", "weights", "#4C72B0"),
+    ("optimizer", "optimizer state", "#55A868"),
+    ("activations", "activations kept (logits aside)", "#8172B3"),
+    ("logits", "logits kept", "#CCB974"),
+    ("working", "backward working memory (logits' gradient)", "#C44E52"),
 ]
 
 
 def _phases_figure(summary) -> Figure:
-    """Memory breakdown per technique at the `same` batch, stacked, with the peak marked."""
+    """The peak at the `same` batch split into its parts, stacked: they add up to the peak."""
     entry = _main_entry(summary)
     rows = summary[summary["batch_entry"] == entry]
     techniques = list(rows["technique"])
     fig = Figure(figsize=(max(6.0, 1.1 * len(techniques)), 3.4))
     ax = fig.subplots()
     for i, row in enumerate(rows.itertuples()):
-        values = [getattr(row, col) for col, _, _ in BREAKDOWN]
-        if row.status != "ok" or any(v != v for v in values):  # oom, or no breakdown measured
+        parts = peak_parts(row._asdict()) if row.status == "ok" else {}
+        if not parts:  # oom or diverged, or no breakdown measured
             _mark_unmeasured(ax, i, 0.7, _unmeasured(row.status), "#B00020")
             continue
         bottom = 0.0
-        for value, (_, _, color) in zip(values, BREAKDOWN):
-            ax.bar(i, value, 0.7, bottom=bottom, color=color)
-            bottom += value
-        if row.peak_allocated_mib == row.peak_allocated_mib:
-            ax.plot(
-                i,
-                row.peak_allocated_mib,
-                marker="_",
-                markersize=28,
-                color="black",
-                markeredgewidth=2,
-            )
-    handles = [Patch(color=c, label=label) for _, label, c in BREAKDOWN]
-    handles.append(
-        Line2D(
-            [],
-            [],
-            marker="_",
-            linestyle="none",
-            color="black",
-            markersize=12,
-            markeredgewidth=2,
-            label="peak allocated",
-        )
-    )
+        for key, _, color in PEAK_PARTS:
+            ax.bar(i, parts[key] or 0.0, 0.7, bottom=bottom, color=color)
+            bottom += parts[key] or 0.0
+        ax.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=6.5)
+    handles = [Patch(color=c, label=label) for _, label, c in PEAK_PARTS]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(techniques) - 0.4)
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.set_ylabel("memory (MiB)")
-    ax.set_title(f"Memory by kind, {_entry_label(entry)}")
+    ax.set_ylabel("peak allocated memory (MiB)")
+    ax.set_title(f"What the peak is made of, {_entry_label(entry)}")
     return fig
 
 

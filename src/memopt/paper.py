@@ -186,6 +186,10 @@ def _techniques(cells: list[dict]) -> list[dict]:
         )
         if c["kernel"] is not None and c["kernel"] not in t["kernels"]:
             t["kernels"].append(c["kernel"])
+    for t in out.values():  # FlexAttention is always compiled, on its own
+        t["compiled"] = (
+            "yes" if t["compile"] else "attention only" if "flex" in t["kernels"] else "no"
+        )
     return list(out.values())
 
 

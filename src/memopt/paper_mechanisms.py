@@ -38,20 +38,28 @@ def _scores_mib(c: dict, model: dict) -> float:
     return values * 4 / 2**20
 
 
-def _parts(c: dict) -> dict[str, float | None]:
+def _value(x) -> float | None:
+    """None for a missing value (None, or NaN as a summary.csv row has it)."""
+    return None if x is None or x != x else float(x)
+
+
+def peak_parts(c: dict) -> dict[str, float | None]:
     """The measured step's parts of the peak (None where the cell did not measure them)."""
-    w, o, a = c.get("weights_mib"), c.get("optimizer_state_mib"), c.get("activations_mib")
-    peak, logits = c.get("peak_allocated_mib"), c.get("logits_mib")
+    w, o, a, peak, logits, grads, off = (
+        _value(c.get(f"{k}_mib"))
+        for k in ("weights", "optimizer_state", "activations", "peak_allocated", "logits",
+                  "gradients", "offloaded")
+    )  # fmt: skip
     if None in (w, o, a, peak):
         return {}
     return {
         "weights": w,
-        "gradients": c.get("gradients_mib"),
+        "gradients": grads,
         "optimizer": o,
         "activations": a - (logits or 0),
         "logits": logits,
         "working": peak - w - o - a,
-        "offloaded": c.get("offloaded_mib") or 0.0,
+        "offloaded": off or 0.0,
     }
 
 
@@ -110,7 +118,7 @@ def mechanism(c: dict, base: dict, exact: dict | None, threshold: float, model: 
     """One technique's paragraph: peak, then each part that moved by more than `threshold` MiB
     with the knob that moves it, then speed, and bitwise identity where the exactness run shows
     it."""
-    p, b = _parts(c), _parts(base)
+    p, b = peak_parts(c), peak_parts(base)
     saved = 100 * (1 - c["peak_allocated_mib"] / base["peak_allocated_mib"])
     out = [
         f"Peak {_mib(c['peak_allocated_mib'])} against the baseline's "
@@ -177,12 +185,12 @@ def mechanisms(
     baseline's). Parts that moved by less than 1% of the baseline's peak are not discussed."""
     same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
     base = same.get(baseline)
-    if base is None or not _parts(base):
+    if base is None or not peak_parts(base):
         return []
     exact = {r["technique"]: r for r in exactness_rows}
     threshold = 0.01 * base["peak_allocated_mib"]
     return [
         {"technique": name, "text": mechanism(c, base, exact.get(name), threshold, model)}
         for name, c in same.items()
-        if name != baseline and _parts(c)
+        if name != baseline and peak_parts(c)
     ]

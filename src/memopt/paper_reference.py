@@ -73,7 +73,7 @@ def reference_comparison(
                 }
             )
     cited = [
-        {key: r.get(key) for key in ("id", "title", "author", "source", "gpu")}
+        {key: r.get(key) for key in ("id", "title", "author", "source", "gpu", "comparability")}
         for r in reports
         if any(x["report"] == r["id"] for x in rows)
     ]
