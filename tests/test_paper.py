@@ -144,16 +144,14 @@ def test_search_table_and_abstract(study):
     assert search["flash_gradcp"]["first failing batch"] == "128"
     prose = " ".join(text.split())  # line breaks in the templates do not matter
     # Lowest peak memory at `same`: local128 (23456.789 / 3) vs the baseline's 23456.789.
-    assert "**local128** has the lowest peak allocated memory, 7,819 MiB, 66.7% below" in prose
+    assert "**`local128`** needs the least memory, 7,819 MiB (66.7% below" in prose
     # The fastest at `same` is the baseline itself: no "1.00x the baseline" self-comparison.
-    assert "**baseline** has the highest throughput, 12,346 tokens/s." in prose
+    assert "**`baseline`** is the fastest, 12,346 tokens/s, and" in prose
     # flash_gradcp's search found 64, but its max cell ran out of memory: the largest batch that
     # trains is local128's 24.
-    assert (
-        "The largest batch that trains is 24 sequences, with **local128** (3.0x the baseline's 8)"
-        in prose
-    )
-    assert "![Peak allocated memory" in text and "](figures/memory.png)" in text
+    assert "**`local128`** trains the largest batch, 24 sequences, 3.0× the baseline's 8." in prose
+    assert prose.startswith("# `local128` trains a 3.0× larger batch")  # the title says so
+    assert "![Peak allocated memory per cell" in text and "](figures/memory.png)" in text
     assert "10.5281/zenodo.4662725" in text  # the corpus is cited
     assert "{{" not in text and "{%" not in text
 
@@ -431,18 +429,31 @@ def test_stage_times_and_reference_comparison(study, tmp_path):
     assert row["max batch vs baseline (theirs / ours)"] == "2.50x / 3.00x"
 
 
-def test_paper_lists_the_gpus_and_warns_when_cells_mixed_models(study, tmp_path):
+def test_paper_lists_the_gpus_and_warns_when_cells_ran_on_several(study, tmp_path):
     """Issue 13: a table of the GPUs each job ran on (model, UUID, host, jobs of each kind), and a
-    warning in the method and there when the timing cells ran on more than one GPU model."""
+    warning in the method and there when the timing cells ran on more than one GPU (by UUID: two
+    cards of one model differ too), with the GPU of each cell in Table 1 (issue 15)."""
     h100 = {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "u-h100", "host": "node1"}
     h200 = {"gpu": "NVIDIA H200", "gpu_uuid": "u-h200", "host": "node2"}
     cells = [make_cell(t, "same", 8) | {"provenance": h100} for t in TECHNIQUES]
     out_md, _ = render_cells(study, tmp_path / "one", cells)
     text = out_md.read_text()
     rows = md_table(text, "UUID")
-    assert rows == [{"GPU": h100["gpu"], "UUID": "u-h100", "host": "node1",
+    assert rows == [{"": "GPU 1", "GPU": h100["gpu"], "UUID": "u-h100", "host": "node1",
                      "timing cells": str(len(TECHNIQUES)), "searches": "0", "quality runs": "0"}]  # fmt: skip
-    assert "Warning" not in text and "GPU models" not in text
+    assert "Warning" not in text and "GPU column" not in text
+    assert (
+        f"All {len(TECHNIQUES)} timing cells ran on one GPU (NVIDIA H100 80GB HBM3, UUID `u-h100`)"
+        in text
+    )
+    # Two cards of one model: still two GPUs, and each cell says which it ran on.
+    cells[-1]["provenance"] = h100 | {"gpu_uuid": "u-other"}
+    text = render_cells(study, tmp_path / "uuids", cells)[0].read_text()
+    assert "**The timing cells ran on 2 GPUs** (NVIDIA H100 80GB HBM3;" in text
+    assert "GPU models are not comparable" not in text
+    assert [r["GPU"] for r in md_table(text, "median step (ms)")] == ["GPU 1"] * (
+        len(TECHNIQUES) - 1
+    ) + ["GPU 2"]
     cells[-1]["provenance"] = h200
     out_md, out_tex = render_cells(study, tmp_path / "two", cells)
     text = out_md.read_text()
@@ -450,13 +461,11 @@ def test_paper_lists_the_gpus_and_warns_when_cells_mixed_models(study, tmp_path)
         ("u-h100", str(len(TECHNIQUES) - 1)),
         ("u-h200", "1"),
     ]
-    assert "**The timing cells ran on 2 GPU models** (see Reproducibility)" in text
-    assert (
-        "**Warning:** the timing cells ran on 2 GPU models (NVIDIA H100 80GB HBM3, NVIDIA H200)"
-        in text
-    )
+    assert "**The timing cells ran on 2 GPUs** (NVIDIA H100 80GB HBM3, NVIDIA H200;" in text
+    assert "**Warning:** **The timing cells ran on 2 GPUs**" in text
+    assert "cells of different GPU models are not comparable at all" in text
     tex_text = out_tex.read_text()
     assert "u-h200 & node2 & 1 & 0 & 0" in tex_text.replace("\\texttt{\\scriptsize ", "").replace(
         "}", ""
     )
-    assert "\\textbf{Warning:} the timing cells ran on 2 GPU models" in tex_text
+    assert "\\textbf{Warning:} \\textbf{The timing cells ran on 2 GPUs}" in tex_text

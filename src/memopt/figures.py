@@ -10,7 +10,6 @@ Shared style and marks: figures_style; figures against the batch size: figures_b
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -22,10 +21,10 @@ from memopt.figures_batch import (
     _speed_batch_figure,
     _windows_figure,
 )
+from memopt.figures_quality import _loss_figure
 from memopt.figures_style import (
-    ENTRY_COLORS,
-    OTHER_COLORS,
     _entry_label,
+    _legend_below,
     _main_entry,
     _mark_unmeasured,
     _ok,
@@ -35,7 +34,10 @@ from memopt.figures_style import (
     _unmeasured,
     _unmeasured_handles,
     _unmeasured_note,
+    entry_hatches,
+    function_colors,
     render_all,
+    technique_colors,
 )
 from memopt.paper_mechanisms import peak_parts
 from memopt.results import (
@@ -51,10 +53,9 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
     """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column."""
     techniques = list(dict.fromkeys(summary["technique"]))
     entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
-    others = itertools.cycle(OTHER_COLORS)
-    colors = {e: ENTRY_COLORS.get(e) or next(others) for e in entries}
+    colors, hatches = technique_colors(summary), entry_hatches(entries)
     width = 0.8 / len(entries)
-    fig = Figure(figsize=(max(6.0, 1.1 * len(techniques) * max(1, len(entries) / 2)), 3.4))
+    fig = Figure(figsize=(max(6.0, 1.1 * len(techniques) * max(1, len(entries) / 2)), 3.6))
     ax = fig.subplots()
     ymax = summary.loc[summary["status"] == "ok", column].max()
     ymax = 1.0 if ymax != ymax else float(ymax)  # NaN when every cell is oom
@@ -68,10 +69,12 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
             batch = "" if row["batch_size"] != row["batch_size"] else f"b={int(row['batch_size'])}"
             if row["status"] != "ok":
                 label = f"{_unmeasured(row['status'])} {batch}".strip()
-                _mark_unmeasured(ax, x, width, label, colors[entry])
+                _mark_unmeasured(ax, x, width, label, colors[technique])
                 continue
             value = float(row[column])
-            ax.bar(x, value, width, color=colors[entry])
+            ax.bar(
+                x, value, width, color=colors[technique], hatch=hatches[entry], edgecolor="white"
+            )
             ax.text(
                 x,
                 value + 0.01 * ymax,
@@ -80,67 +83,18 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
                 va="bottom",
                 fontsize=6.5,
             )
-    handles = [Patch(color=colors[e], label=_entry_label(e)) for e in entries]
+    handles = [
+        Patch(facecolor="grey", hatch=hatches[e], edgecolor="white", label=_entry_label(e))
+        for e in entries
+    ]
     handles += _unmeasured_handles(summary)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    _legend_below(ax, handles)
     ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(techniques) - 0.4)
     ax.set_ylim(0, ymax * 1.18)
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    return fig
-
-
-def _loss_figure(runs: list[dict]) -> Figure:
-    """Training loss against training tokens for every function's quality runs: the mean over
-    seeds, with the band between the lowest and the highest seed."""
-    fig = Figure(figsize=(6.0, 3.4))
-    ax = fig.subplots()
-    by_function: dict[str, list[dict]] = {}
-    for run in runs:
-        by_function.setdefault(run["function"], []).append(run)
-    failed = []
-    for function, group in by_function.items():
-        curves = [r["loss_curve"] for r in group if r["status"] == "ok" and r["loss_curve"]]
-        if any(r["status"] == "diverged" for r in group):
-            failed.append(f"{function} (a seed diverged)")
-            continue
-        if not curves:
-            failed.append(f"{function} (no run finished)")
-            continue
-        n = min(map(len, curves))
-        tokens = [(i + 1) * group[0]["tokens_per_step"] for i in range(n)]
-        cols = list(zip(*(c[:n] for c in curves)))
-        mean = [sum(c) / len(c) for c in cols]
-        line = ax.plot(tokens, mean, linewidth=1.0, label=f"{function} ({len(curves)} seeds)")
-        if len(curves) > 1:
-            ax.fill_between(
-                tokens,
-                [min(c) for c in cols],
-                [max(c) for c in cols],
-                color=line[0].get_color(),
-                alpha=0.25,
-                linewidth=0,
-            )
-    if failed:
-        ax.text(
-            0.99,
-            0.97,
-            "not shown: " + ", ".join(failed),
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=8,
-            color="#B00020",
-        )
-    if not runs:
-        _placeholder(ax, "no quality runs in this study")
-    if ax.lines:
-        ax.legend(loc="upper right", frameon=False)
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("training loss (nats/token)")
-    ax.set_title("Quality runs: training loss (mean of seeds, band: seed range)")
     return fig
 
 
@@ -195,20 +149,22 @@ def _tradeoff_figure(summary) -> Figure:
         ax.set_title("Memory vs throughput")
         return fig
     one_entry = summary["batch_entry"].nunique() == 1
-    points = list(zip(ok["peak_allocated_mib"].astype(float), ok["tokens_per_s"].astype(float)))
+    # Memory in whole MiB, as the tables print it (memopt.results.analysis does the same).
+    points = list(zip(ok["peak_allocated_mib"].round(), ok["tokens_per_s"].astype(float)))
     front = pareto(points)
     on_front = set(front)
     fx, fy = zip(*front)
     # Staircase: between two frontier points the best reachable speed is the cheaper one's.
     ax.step(fx, fy, where="post", color="grey", linewidth=1.0, zorder=1)
-    for x, y in points:
+    colors = technique_colors(summary)
+    for (x, y), technique in zip(points, ok["technique"]):
         best = (x, y) in on_front
         ax.scatter(
             x,
             y,
-            s=40 if best else 18,
+            s=46 if best else 22,
             zorder=2,
-            color="#DD8452" if best else "#4C72B0",
+            color=colors[technique],
             edgecolor="black" if best else "none",
         )
     cells = [(r["technique"], None if one_entry else r["batch_entry"]) for _, r in ok.iterrows()]
@@ -216,10 +172,7 @@ def _tradeoff_figure(summary) -> Figure:
         ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7, va="top")
     _unmeasured_note(ax, summary)
     ax.legend(
-        handles=[
-            Patch(color="#DD8452", label="Pareto-optimal"),
-            Patch(color="#4C72B0", label="dominated"),
-        ],
+        handles=[Patch(facecolor="white", edgecolor="black", label="Pareto-optimal (outlined)")],
         loc="upper left",  # up-left beats the frontier, so that corner is empty
         frameon=False,
     )
@@ -245,16 +198,17 @@ def _memory_saved_figure(summary, baseline: str) -> Figure:
         _placeholder(ax, f"no ok '{baseline}' cell at this batch to compare with")
         return fig
     base_peak = float(base["peak_allocated_mib"].iloc[0])
+    colors = technique_colors(summary)
     for i, row in enumerate(others.itertuples()):
         if row.status != "ok" or row.peak_allocated_mib != row.peak_allocated_mib:
             _oom_hband(ax, i, 0.7, _unmeasured(row.status))
             continue
         saved = 100 * (1 - row.peak_allocated_mib / base_peak)
-        ax.barh(i, saved, 0.7, color="#55A868" if saved >= 0 else "#C44E52")
+        ax.barh(i, saved, 0.7, color=colors[row.technique])
         ax.text(
             saved,
             i,
-            f" {saved:.0f}% ",
+            f" {saved:.1f}% ",
             va="center",
             ha="left" if saved >= 0 else "right",
             fontsize=7,
@@ -283,7 +237,7 @@ def _phases_figure(summary) -> Figure:
     entry = _main_entry(summary)
     rows = summary[summary["batch_entry"] == entry]
     techniques = list(rows["technique"])
-    fig = Figure(figsize=(max(6.0, 1.1 * len(techniques)), 3.4))
+    fig = Figure(figsize=(max(6.0, 0.8 * len(techniques)), 3.8))
     ax = fig.subplots()
     for i, row in enumerate(rows.itertuples()):
         parts = peak_parts(row._asdict()) if row.status == "ok" else {}
@@ -294,9 +248,8 @@ def _phases_figure(summary) -> Figure:
         for key, _, color in PEAK_PARTS:
             ax.bar(i, parts[key] or 0.0, 0.7, bottom=bottom, color=color)
             bottom += parts[key] or 0.0
-        ax.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=6.5)
-    handles = [Patch(color=c, label=label) for _, label, c in PEAK_PARTS]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ax.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=7.5)
+    _legend_below(ax, [Patch(color=c, label=label) for _, label, c in PEAK_PARTS], ncol=3)
     ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(techniques) - 0.4)
     ax.set_ylim(bottom=0)
@@ -322,7 +275,7 @@ def _max_batch_figure(summary) -> Figure:
             continue
         batch = int(row.batch_size)
         if row.status == "ok":
-            ax.barh(i, batch, 0.7, color=ENTRY_COLORS["max"])
+            ax.barh(i, batch, 0.7, color=technique_colors(summary)[row.technique])
             ax.text(batch, i, f" {batch}", va="center", fontsize=7)
         else:  # the search's batch, which then failed the full run: outline, never a solid bar
             ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
@@ -330,8 +283,14 @@ def _max_batch_figure(summary) -> Figure:
             ax.text(batch, i, label, va="center", fontsize=7, color="#B00020")
     ax.set_yticks(range(len(rows)), rows["technique"])
     ax.set_ylim(len(rows) - 0.5, -0.5)
-    ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
-    ax.set_xlabel("batch size (sequences)")
+    batches = rows["batch_size"].dropna()
+    if not batches.empty and batches.max() > 10 * max(batches.min(), 1):  # spans decades
+        ax.set_xscale("log")
+        ax.set_xlim(max(batches.min(), 1) / 2, batches.max() * 3)
+        ax.set_xlabel("batch size (sequences, log scale)")
+    else:
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
+        ax.set_xlabel("batch size (sequences)")
     return fig
 
 
@@ -377,7 +336,7 @@ def make_figures(
         "throughput": lambda: _bar_figure(
             summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
         ),
-        "loss": lambda: _loss_figure(runs),
+        "loss": lambda: _loss_figure(runs, function_colors(summary)),
         "tradeoff": lambda: _tradeoff_figure(summary),
         "memory_saved": lambda: _memory_saved_figure(summary, baseline),
         "phases": lambda: _phases_figure(summary),

@@ -3,7 +3,6 @@ the window comparison."""
 
 from __future__ import annotations
 
-import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import StrMethodFormatter
@@ -17,28 +16,39 @@ from memopt.figures_style import (
     _short,
     _unmeasured,
     _unmeasured_note,
+    log_if_decades,
+    technique_colors,
 )
 
 
-def _technique_colors(techniques) -> dict:
-    palette = matplotlib.colormaps["tab10"].colors
-    return {t: palette[i % len(palette)] for i, t in enumerate(techniques)}
-
-
 def _cell_lines(ax, summary, column: str, colors: dict) -> None:
-    """One line per technique through its trained cells: `column` against batch size."""
+    """One line per technique through its trained cells: `column` against batch size.
+    Techniques whose cells coincide (within 0.5%) share one line, in the first one's colour,
+    labelled with all their names: a line drawn over another would hide it."""
+    lines: dict[tuple, list[str]] = {}
+    points = {}
     for technique in dict.fromkeys(summary["technique"]):
         ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
-        if not ok.empty:
-            ax.plot(
-                ok["batch_size"],
-                ok[column],
-                marker="o",
-                markersize=4,
-                linewidth=1.2,
-                color=colors[technique],
-                label=technique,
-            )
+        if ok.empty:
+            continue
+        xs, ys = list(ok["batch_size"]), list(ok[column])
+        key = next(
+            (
+                k
+                for k in lines
+                if len(k) == len(xs)
+                and all(bx == x and abs(by - y) <= 0.005 * abs(by) for (bx, by), x, y
+                        in zip(k, xs, ys))
+            ),
+            tuple(zip(xs, ys)),
+        )  # fmt: skip
+        lines.setdefault(key, []).append(technique)
+        points[key] = (xs, ys)
+    for key, names in lines.items():
+        xs, ys = points[key]
+        label = " = ".join(names) if len(names) < 4 else f"{names[0]} (= {len(names) - 1} more)"
+        ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, color=colors[names[0]],
+                label=label)  # fmt: skip
 
 
 def _batch_axes(ax, ylabel: str, handles: list) -> None:
@@ -53,8 +63,7 @@ def _batch_axes(ax, ylabel: str, handles: list) -> None:
 def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
     """Peak memory against batch: every search trial (x = out of memory), the search's linear fit,
     the trained cells, and the memory budget the search had."""
-    techniques = list(dict.fromkeys(summary["technique"]))
-    colors = _technique_colors(techniques + [s["technique"] for s in searches])
+    colors = technique_colors(summary, [s["technique"] for s in searches])
     fig = Figure(figsize=(6.4, 3.8))
     ax = fig.subplots()
     ax.set_title("Peak allocated memory vs batch size")
@@ -120,8 +129,7 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
 
 def _speed_batch_figure(summary) -> Figure:
     """Throughput against batch size, one line per technique through its trained cells."""
-    techniques = list(dict.fromkeys(summary["technique"]))
-    colors = _technique_colors(techniques)
+    colors = technique_colors(summary)
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.subplots()
     ax.set_title("Training throughput vs batch size")
@@ -131,6 +139,7 @@ def _speed_batch_figure(summary) -> Figure:
         return fig
     _unmeasured_note(ax, summary)
     _batch_axes(ax, "throughput (tokens/s)", ax.get_legend_handles_labels()[0])
+    log_if_decades(ax, _ok(summary)["tokens_per_s"])
     return fig
 
 
@@ -169,6 +178,7 @@ def _windows_figure(summary) -> Figure:
         f" ({r.kernel if isinstance(r.kernel, str) else r.attention})"
         for r in group
     ]
+    colors = technique_colors(summary)
     for ax, (column, title) in zip(axes, panels):
         for i, row in enumerate(group):
             value = getattr(row, column)
@@ -177,9 +187,13 @@ def _windows_figure(summary) -> Figure:
             if status != "ok" or value != value:
                 _mark_unmeasured(ax, i, 0.7, _unmeasured(status), "#B00020")
                 continue
-            ax.bar(i, value, 0.7, color="#55A868" if row.window == row.window else "#4C72B0")
+            if column == "val_ppl":  # a zoomed axis: bars from zero would hide the differences
+                ax.plot(i, value, "o", color=colors[row.technique])
+                ax.text(i, value, f" {value:,.1f}", ha="left", va="center", fontsize=6.5)
+                continue
+            ax.bar(i, value, 0.7, color=colors[row.technique])
             ax.text(i, value, _short(value), ha="center", va="bottom", fontsize=6.5)
-        ax.set_xticks(range(len(group)), labels, rotation=30, ha="right", fontsize=6.5)
+        ax.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=6.5)
         ax.set_xlim(-0.6, len(group) - 0.4)
         ax.set_title(title, fontsize=8)
         ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))

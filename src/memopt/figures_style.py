@@ -14,9 +14,55 @@ from matplotlib.patches import Patch
 
 from memopt.results import entry_sort_key
 
-ENTRY_COLORS = {"same": "#4C72B0", "max": "#DD8452"}
+# Batch entries share their technique's colour: the first entry solid, later ones hatched.
+ENTRY_HATCHES = ["", "////", "....", "xxxx"]
 
-OTHER_COLORS = ["#55A868", "#8172B3", "#937860", "#DA8BC3"]
+
+def technique_colors(summary, extra=()) -> dict:
+    """One colour per technique, by its place in the study (the config's order; `extra` names
+    techniques without a cell after them), the same in every figure: tab10, then tab20's lighter
+    shades for an eleventh technique onwards."""
+    palette = list(matplotlib.colormaps["tab10"].colors)
+    palette += list(matplotlib.colormaps["tab20"].colors[1::2])
+    names = dict.fromkeys([*summary["technique"], *extra])
+    return {t: palette[i % len(palette)] for i, t in enumerate(names)}
+
+
+def function_colors(summary) -> dict:
+    """A function's colour is its first technique's (the baseline's for the baseline's)."""
+    colors = technique_colors(summary)
+    out: dict = {}
+    for technique, function in zip(summary["technique"], summary["function"]):
+        out.setdefault(function, colors[technique])
+    return out
+
+
+def log_if_decades(ax, values, axis: str = "y") -> None:
+    """A log scale where the plotted values span more than a decade (linear ones squash the
+    small values onto the floor)."""
+    values = [float(v) for v in values if v == v and v > 0]
+    if values and max(values) > 10 * min(values):
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+        (ax.set_ylim if axis == "y" else ax.set_xlim)(min(values) / 1.5, max(values) * 1.5)
+        label = ax.get_ylabel() if axis == "y" else ax.get_xlabel()
+        (ax.set_ylabel if axis == "y" else ax.set_xlabel)(f"{label}, log scale")
+
+
+def _legend_below(ax, handles: list, ncol: int | None = None) -> None:
+    """The legend in a row under the axes (beside them it would shrink the plot at print size)."""
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=ncol or max(1, len(handles)),
+        frameon=False,
+        fontsize=7.5,
+    )
+
+
+def entry_hatches(entries) -> dict:
+    return {e: ENTRY_HATCHES[i % len(ENTRY_HATCHES)] for i, e in enumerate(entries)}
+
 
 # PDFs carry no creation date and PNGs no software stamp, so a rebuild gives identical bytes.
 SAVE_METADATA = {

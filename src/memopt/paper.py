@@ -26,6 +26,7 @@ from memopt.paper_analysis import (
 from memopt.paper_format import make_environment
 from memopt.paper_gpus import gpus_used
 from memopt.paper_mechanisms import mechanisms
+from memopt.paper_prose import render_prose
 from memopt.paper_reference import reference_comparison
 from memopt.results import (
     FIGURE_NAMES,
@@ -120,6 +121,8 @@ def _search(path: Path) -> dict:
         "first_failing_batch": min(failed) if failed else None,
         "fixed_mib": fit.get("fixed_mib"),
         "per_sample_mib": fit.get("per_sample_mib"),
+        "predicted_batch": search.get("predicted_batch"),
+        "prediction_error": search.get("prediction_error"),
     }
 
 
@@ -346,6 +349,7 @@ def render_paper(
         quality_csv=quality_csv,
         exactness_paths=exactness_paths,
     )
+    prose = render_prose(make_environment(Path(templates_dir), False), context, _render)
     texts = {}
     for out, template, latex, ext in (
         (out_md, "paper.md.j2", False, "png"),
@@ -353,6 +357,7 @@ def render_paper(
     ):
         figures = figure_paths(figures_dir, out, ext)
         env = make_environment(Path(templates_dir), latex)
-        texts[Path(out)] = _render(env, template, {**context, "figures": figures})
+        text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
+        texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text})
     for out, text in texts.items():
         write_text(out, text)

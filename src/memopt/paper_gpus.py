@@ -20,7 +20,9 @@ def _flat(row: dict) -> dict:
 def gpus_used(cells: list[dict], searches: list[dict], runs: list[dict]) -> dict:
     """{"gpus": one entry per GPU with how many cells, searches and quality runs it ran;
     "unrecorded": per kind, the jobs whose result names no GPU (a CPU, or an older memopt);
-    "cell_models": the GPU models of the timing cells, "mixed": whether there are several}."""
+    "labels": a short name per GPU UUID ("GPU 1", ...), "cell_models": the GPU models of the timing
+    cells, "mixed": whether there are several, "split": whether the timing cells ran on more than
+    one GPU (by UUID: two cards of one model differ too)}."""
     jobs = {
         "cells": [_flat(c) for c in cells if not c.get("measured_as")],  # a copy is not a job
         "searches": [s.get("provenance") or {} for s in searches],
@@ -39,9 +41,16 @@ def gpus_used(cells: list[dict], searches: list[dict], runs: list[dict]) -> dict
             )
             entry[kind] += 1
     models = sorted({p["gpu"] for p in jobs["cells"] if p.get("gpu")})
+    ordered = sorted(gpus.values(), key=lambda g: (-g["cells"], -g["searches"], str(g["uuid"])))
+    for i, g in enumerate(ordered, 1):
+        g["label"] = f"GPU {i}"
+    cell_gpus = {_key(p) for p in jobs["cells"]} - {None}
     return {
-        "gpus": sorted(gpus.values(), key=lambda g: (-g["cells"], -g["searches"], str(g["uuid"]))),
+        "gpus": ordered,
+        "labels": {g["uuid"]: g["label"] for g in ordered},
         "cell_models": models,
+        "cell_gpus": len(cell_gpus),
         "unrecorded": {k: n for k, n in unrecorded.items() if n},
         "mixed": len(models) > 1,
+        "split": len(cell_gpus) > 1,
     }

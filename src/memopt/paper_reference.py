@@ -73,7 +73,10 @@ def reference_comparison(
                 }
             )
     cited = [
-        {key: r.get(key) for key in ("id", "title", "author", "source", "gpu", "comparability")}
+        {
+            key: r.get(key)
+            for key in ("id", "title", "author", "source", "gpu", "comparability", "shortfall")
+        }
         for r in reports
         if any(x["report"] == r["id"] for x in rows)
     ]

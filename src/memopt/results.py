@@ -339,11 +339,12 @@ def analysis(cells: list[dict]) -> dict:
             "peak_mib": low["peak_allocated_mib"],
         }
     ok = [c for c in cells if c["status"] == "ok"]
-    front = set(pareto([(c["peak_allocated_mib"], c["tokens_per_s"]) for c in ok]))
+    # Memory in whole MiB, as the tables print it: 0.005 MiB is no advantage.
+    front = set(pareto([(round(c["peak_allocated_mib"]), c["tokens_per_s"]) for c in ok]))
     result["pareto"] = [
         f"{c['technique']} ({c['batch_entry']})"
         for c in ok
-        if (c["peak_allocated_mib"], c["tokens_per_s"]) in front
+        if (round(c["peak_allocated_mib"]), c["tokens_per_s"]) in front
     ]
     return result
 

@@ -1,0 +1,126 @@
+"""The paper's prose (memopt.paper_prose): written once in Markdown, converted to LaTeX; its
+numbers are derived from the results, and no template hard-codes a measured number."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from memopt.config import load_config_file, validate_config
+from memopt.paper import build_context
+from memopt.paper_prose import md_to_tex, story
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "studies" / "h100-protocol-v2"
+
+
+def test_markdown_becomes_escaped_latex():
+    assert md_to_tex("**`flash_gradcp`** is *more*") == (
+        r"\textbf{\texttt{flash\_gradcp}} is \emph{more}"
+    )
+    assert md_to_tex("50% & 4.4× ± 1 → 2² #$_{}") == (
+        r"50\% \& 4.4$\times$ $\pm$ 1 $\rightarrow$ 2$^2$ \#\$\_\{\}"
+    )
+    # A value cannot inject TeX: a backslash in it is printed, not run.
+    assert md_to_tex(r"`\input{x}` \input{y}") == (
+        r"\texttt{\textbackslash{}input\{x\}} \textbackslash{}input\{y\}"
+    )
+    long = md_to_tex("`f9672ea3fa2c6e6671d617367cbbd575`")  # may break at the margin
+    assert long.count(r"\allowbreak{}") == 4 and long.replace(r"\allowbreak{}", "") == (
+        r"\texttt{f9672ea3fa2c6e6671d617367cbbd575}"
+    )
+    assert md_to_tex("a * b * c") == "a * b * c"  # lone asterisks are not emphasis
+
+
+# What a template may write as a literal number: table and section numbers, the interval and
+# threshold conventions, bit widths, the FLOP formula's constants, names, LaTeX layout.
+_ALLOWED = [
+    r"(Table|Section|Figure)[~ ]\d+", r"^#+ \d ", r"\d+ bits", r"95\\?%", r"\b1\\?% of",
+    r"6·N", r"12·L", r"\$6", r"12\\cdot", r"12 L d", r"\(T \+ 1\)/2", r"1\)/2", r"gpu=1",
+    r"\[\d+pt\]", r"margin=[\d.]+cm", r"\{\d\}\{c\}", r"p\{0\.\d+\\linewidth\}",
+]  # fmt: skip
+
+
+def _literal_text(template: str) -> str:
+    text = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", "", template, flags=re.S)
+    nested = r"(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*"
+    text = re.sub(rf"\\(?:VAR|BLOCK)\{{{nested}\}}|\\#\{{.*?\}}", "", text, flags=re.S)
+    return text
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "paper" / "templates").rglob("*.j2")), ids=lambda p: p.name
+)
+def test_templates_hard_code_no_measured_number(path):
+    text = _literal_text(path.read_text())
+    for pattern in _ALLOWED:
+        text = re.sub(pattern, "", text, flags=re.M)
+    # A number standing alone: not part of a name (FP32, bf16, SHA-256, GPT-2, d_model).
+    found = [
+        text[max(0, m.start() - 20) : m.end() + 10]
+        for m in re.finditer(r"(?<![\w\-/.])\d+(?:[.,]\d+)*(?![\w\-])", text)
+    ]
+    assert found == [], f"{path.name}: literal numbers in {found}"
+
+
+@pytest.fixture(scope="module")
+def context():
+    results = STUDY / "results"
+    return build_context(
+        results / "summary.csv",
+        sorted((results / "search").glob("*.json")),
+        STUDY / "data" / "corpus" / "stats.json",
+        STUDY / "data" / "tokens" / "meta.json",
+        validate_config(load_config_file(STUDY / "config.yaml")),
+        reference_path=ROOT / "paper" / "reference.yaml",
+        quality_csv=results / "quality.csv",
+        exactness_paths=sorted((results / "exactness").glob("*.json")),
+    )
+
+
+def _cell(context, technique, entry="same"):
+    return next(
+        c for c in context["cells"] if c["technique"] == technique and c["batch_entry"] == entry
+    )
+
+
+def test_the_story_derives_its_numbers_from_the_results(context):
+    s = story(context)
+    base = _cell(context, "baseline")
+    fixed = base["weights_mib"] + base["gradients_mib"] + base["optimizer_state_mib"]
+    assert s["memory"]["fixed_mib"] == pytest.approx(fixed)
+    assert s["memory"]["bytes_per_param"] == pytest.approx(16, abs=0.5)  # AdamW in FP32
+    assert s["memory"]["activations_share"] == pytest.approx(
+        base["activations_mib"] / base["peak_allocated_mib"]
+    )
+    flash = _cell(context, "flash")
+    assert s["fused_share"] == pytest.approx(1 - flash["activations_mib"] / base["activations_mib"])
+    # In gradcp the backward pass's working memory (the logits' gradient) exceeds all that is
+    # kept; in flash_gradcp it does not: only gradcp is logits-bound.
+    assert [t["technique"] for t in s["logits_bound"]] == ["gradcp"]
+    gradcp = _cell(context, "gradcp")
+    working = gradcp["peak_allocated_mib"] - fixed + gradcp["gradients_mib"]
+    working -= gradcp["activations_mib"]
+    assert s["logits_bound"][0]["working"] == pytest.approx(working)
+    assert s["explicit_16bit"]["technique"] == "bf16"
+    assert s["explicit_16bit"]["activations_mib"] > s["explicit_16bit"]["baseline_activations_mib"]
+    assert s["bitwise_identical"] == ["gradcp"]
+    ratios = []
+    for c in context["cells"]:
+        same = _cell(context, c["technique"])
+        if c["batch_entry"] == "max" and not c.get("measured_as") and c["batch_size"] > 50:
+            ratios.append(c["tokens_per_s"] / same["tokens_per_s"] - 1)
+    assert s["batch_speed"] == {"lo": min(ratios), "hi": max(ratios), "n": len(ratios)}
+
+
+def test_the_story_leaves_out_what_the_data_does_not_show(context):
+    """Without the baseline's breakdown there is no memory paragraph, and a study whose
+    checkpointed cells keep more than the logits' gradient is not called logits-bound."""
+    cells = [dict(c) for c in context["cells"]]
+    for c in cells:
+        if c["technique"] == "gradcp":
+            c["activations_mib"] = c["peak_allocated_mib"]  # nothing left for working memory
+        if c["technique"] == "baseline":
+            c["gradients_mib"] = None
+    s = story({**context, "cells": cells})
+    assert s["memory"] is None and s["logits_bound"] == []
