@@ -30,7 +30,7 @@ def test_default_study_matches_the_issue():
     # Protocol v2: adaptive timing, quality runs per function, exactness runs.
     assert (cfg["measure"]["target_rel_ci"], cfg["measure"]["min_timed_steps"]) == (0.01, 10)
     assert (cfg["measure"]["max_timed_steps"], cfg["measure"]["max_timed_s"]) == (100, 15)
-    assert cfg["quality"] == {"tokens": None, "batch": 32, "seeds": 2}
+    assert cfg["quality"] == {"tokens": 7_000_000, "batch": 32, "seeds": 2}  # README, "Study time"
     assert (cfg["exactness"]["steps"], cfg["exactness"]["tolerance"]["bf16"]) == (50, 0.05)
     assert set(cfg["techniques"]) == {
         "baseline",

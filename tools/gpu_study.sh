@@ -49,7 +49,7 @@ for t in c["techniques"]:
         print(f"results/cells/{t}/{b}.json", (90 if big else 60) if default else 20)
 for f in functions(c["techniques"]):
     for i in range(c["quality"]["seeds"]):
-        print(f"results/quality/{f}/{c['train']['seed'] + i}.json", (250 if f == "fp32" else 60) if default else 20)
+        print(f"results/quality/{f}/{c['train']['seed'] + i}.json", (160 if f == "fp32" else 60) if default else 20)
 print("paper", 90 if default else 20)
 PY
 )
