@@ -53,6 +53,12 @@ def tex(value) -> str:
     return "n/a" if value is None else _TEX_RE.sub(lambda m: _TEX_SPECIAL[m.group()], str(value))
 
 
+def tex_name(value) -> str:
+    """A name (technique, function) escaped, breakable after its underscores: in a narrow
+    paragraph column `flash_gradcp_chunked` would otherwise run into the next column."""
+    return tex(value).replace(r"\_", r"\_\allowbreak{}")
+
+
 def md(value) -> str:
     """Make a value safe inside a Markdown table cell: | would start a new column."""
     return "n/a" if value is None else str(value).replace("|", r"\|").replace("\n", " ")
@@ -79,7 +85,7 @@ def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
             line_comment_prefix=None,
         )
     env = jinja2.Environment(**options)
-    env.filters.update(num=num, pct=pct, tex=tex, md=md)
+    env.filters.update(num=num, pct=pct, tex=tex, tex_name=tex_name, md=md)
     return env
 
 

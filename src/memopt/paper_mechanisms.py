@@ -52,6 +52,8 @@ def peak_parts(c: dict) -> dict[str, float | None]:
     )  # fmt: skip
     if None in (w, o, a, peak):
         return {}
+    if logits is not None and logits < 0:  # kept nothing; memory held until then was freed in it
+        logits = 0.0
     return {
         "weights": w,
         "gradients": grads,
@@ -90,13 +92,41 @@ def _activation_causes(c: dict, base: dict, rise: bool, model: dict) -> list[str
     return causes
 
 
-def _logits_causes(c: dict, base: dict) -> list[str]:
+def _logits_causes(c: dict, base: dict, rise: bool = False) -> list[str]:
     causes = []
     if c.get("loss", "standard") != base.get("loss", "standard"):
         causes.append(f"the {c['loss']} loss never holds the whole logits")
     if c["precision"] != base["precision"] and c.get("loss", "standard") == "standard":
-        causes.append(f"the logits are {c['precision']} instead of {base['precision']}")
+        if rise and c["precision"] in ("bf16", "fp16"):
+            causes.append(
+                f"autocast computes the loss in FP32: the output layer keeps the {c['precision']} "
+                "logits and an FP32 copy of them for the cross-entropy"
+            )
+        else:
+            causes.append(f"the logits are {c['precision']} instead of {base['precision']}")
     return causes
+
+
+def _working_label(c: dict) -> str:
+    """What the backward pass's working memory mostly is: with the standard loss the logits'
+    gradient; with a chunked or fused loss under checkpointing, a block recomputed for its
+    backward pass."""
+    if c.get("loss", "standard") == "standard":
+        return "(mostly the logits' gradient)"
+    if c.get("checkpointing", "none") != "none":
+        return "(a block recomputed for its backward pass, and the loss's gradient one chunk at a time)"
+    return "(the loss's gradient one chunk at a time)"
+
+
+def _working_causes(c: dict, base: dict, p: dict) -> list[str]:
+    if c.get("compile") and p.get("logits") is None:  # the output layer is not measured apart
+        above = c["peak_allocated_mib"] - c["phase_after_forward_mib"]
+        return [
+            "under compile the output layer is not measured apart (its logits count among the "
+            f"activations kept), and the step's peak is only {_mib(above)} above what its forward "
+            "pass kept"
+        ]
+    return _logits_causes(c, base)
 
 
 def _speed_causes(c: dict, base: dict, faster: bool) -> list[str]:
@@ -143,16 +173,19 @@ def mechanism(c: dict, base: dict, exact: dict | None, threshold: float, model: 
     if moved("logits"):
         out.append(
             _change(
-                "Logits kept by the output layer", b["logits"], p["logits"], _logits_causes(c, base)
+                "Logits kept by the output layer",
+                b["logits"],
+                p["logits"],
+                _logits_causes(c, base, p["logits"] > b["logits"]),
             )  # fmt: skip
         )
     if moved("working"):
         out.append(
             _change(
-                "Working memory of the backward pass on top of these (mostly the logits' gradient)",
+                "Working memory of the backward pass on top of these " + _working_label(c),
                 b["working"],
                 p["working"],
-                _logits_causes(c, base),
+                _working_causes(c, base, p),
             )  # fmt: skip
         )
     if moved("optimizer"):

@@ -238,6 +238,7 @@ def story(ctx: dict) -> dict:
             for name, p in parts.items()
             if p
             and same[name]["checkpointing"] != "none"
+            and same[name].get("loss", "standard") == "standard"  # a chunked loss acted already
             and p["working"] > p["activations"] + (p["logits"] or 0)
         ],  # fmt: skip
         "hfu_gap": [

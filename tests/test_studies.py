@@ -1,0 +1,151 @@
+"""The published studies (studies/h100-default, issue 16; studies/h100-protocol-v2, issue 11):
+this code renders each one's committed results to its committed paper, and each run meets the bars
+protocol v2 set (job time, one run per distinct cell). After a change to the paper's templates or
+tables, render them again (tools/render_studies.sh does it for every study here):
+
+    memopt paper --config studies/NAME/config.yaml \\
+      --results studies/NAME/results --data studies/NAME/data \\
+      --out studies/NAME/paper --pdf
+"""
+
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from memopt.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every study with a paper rendered by this code (the other folders are reports of their own).
+STUDIES = ["h100-default", "h100-protocol-v2"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=STUDIES)
+def study(request):
+    return ROOT / "studies" / request.param
+
+
+@pytest.fixture(scope="module")
+def rendered(study, tmp_path_factory):
+    copy = tmp_path_factory.mktemp(study.name) / "study"
+    shutil.copytree(study, copy, ignore=shutil.ignore_patterns("paper"))
+    args = ["paper", "--config", copy / "config.yaml", "--results", copy / "results"]
+    main([*map(str, args), "--data", str(copy / "data"), "--out", str(copy / "paper")])
+    return copy
+
+
+def test_paper_is_what_this_code_renders_from_the_results(study, rendered):
+    for name in ("paper.md", "paper.tex"):
+        assert (rendered / "paper" / name).read_text() == (study / "paper" / name).read_text(), (
+            f"{name}: render the study's paper again (this file's docstring says how)"
+        )
+    for csv in ("summary.csv", "quality.csv"):  # `memopt paper` aggregates again: the same
+        assert (rendered / "results" / csv).read_text() == (study / "results" / csv).read_text()
+
+
+def test_job_time_is_within_twenty_minutes_and_the_paper_says_so(study):
+    times = {
+        p.relative_to(study / "results" / "benchmarks"): float(
+            p.read_text().splitlines()[-1].split("\t")[0]
+        )
+        for p in (study / "results" / "benchmarks").rglob("*.tsv")
+    }
+    cells = list((study / "results" / "cells").glob("*/*.json"))
+    quality = list((study / "results" / "quality").glob("*/*.json"))
+    searches = list((study / "results" / "search").glob("*.json"))
+    assert len(times) == 3 + len(searches) + len(cells) + len(quality) + 3  # every job's file
+    assert sum(times.values()) <= 20 * 60
+    counted = sum(t for p, t in times.items() if p.name != "render.tsv")  # the paper's rule
+    stages = (study / "paper" / "paper.md").read_text().split("wall-clock time per stage")[1]
+    total = re.search(r"\| total \| \d+ \| ([\d,.]+) \|", stages).group(1)
+    assert float(total.replace(",", "")) == pytest.approx(counted, abs=0.05)
+
+
+def test_tables_are_numbered_once_and_each_run_is_listed_once(rendered):
+    text = (rendered / "paper" / "paper.md").read_text()
+    numbers = re.findall(r"^Table (\w+):", text, flags=re.M)
+    assert len(numbers) == len(set(numbers)) >= 8
+    summary = pd.read_csv(rendered / "results" / "summary.csv", dtype={"batch_entry": str})
+    retried = summary["allocator_alloc_retries"] + summary["allocator_ooms"] > 0
+    runs = summary[summary["measured_as"].isna() & retried]
+    listed = re.search(r"\*\*Allocator retries\.\*\* In (\d+) cells \(([^)]*)\)", text)
+    assert int(listed.group(1)) == len(runs) == len(listed.group(2).split(", "))
+
+
+SECTIONS_MD = ["Abstract", "1 Introduction", "2 Method", "3 Results", "4 Discussion",
+               "5 Limitations", "6 Conclusion", "References", "Reproducibility"]  # fmt: skip
+SECTIONS_TEX = ["Introduction", "Method", "Results", "Discussion", "Limitations", "Conclusion"]
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+
+
+def _numbers(text: str) -> set[str]:
+    return {n.rstrip(",") for n in _NUMBER.findall(text)}
+
+
+def test_the_paper_has_the_sections_of_a_paper_in_both_formats(rendered):
+    md = (rendered / "paper" / "paper.md").read_text()
+    tex = (rendered / "paper" / "paper.tex").read_text()
+    assert re.findall(r"^## (.+)$", md, flags=re.M)[: len(SECTIONS_MD)] == SECTIONS_MD
+    assert re.findall(r"^\\section\{(.+)\}$", tex, flags=re.M)[: len(SECTIONS_TEX)] == SECTIONS_TEX
+    limitations = md.split("## 5 Limitations")[1].split("## 6 Conclusion")[0]
+    assert "CPU" not in limitations  # a GPU study's limitations are about GPUs
+
+
+def test_markdown_and_latex_print_the_same_numbers(rendered):
+    """Everything but the configuration appendix: every number in one format is in the other
+    (tables, prose, captions), so neither can drift from the other."""
+    md = (rendered / "paper" / "paper.md").read_text()
+    tex = (rendered / "paper" / "paper.tex").read_text()
+    md = re.sub(r"\]\([^)]*\)", "]", md.split("### Appendix: the configuration")[0])
+    tex = tex[tex.index("\\title") : tex.index("\\section{The configuration}")]
+    tex = re.sub(r"\\includegraphics\[[^\]]*\]\{[^}]*\}|\{[^{}]*\\linewidth\}", "", tex)
+    assert _numbers(md) == _numbers(tex.replace("\\allowbreak{}", ""))
+
+
+def test_title_and_abstract_state_the_findings_with_seed_spreads(rendered):
+    md = (rendered / "paper" / "paper.md").read_text()
+    title, abstract = md.splitlines()[0], md.split("## Abstract")[1].split("## 1 ")[0]
+    summary = pd.read_csv(rendered / "results" / "summary.csv", dtype={"batch_entry": str})
+    ok = summary[summary["status"] == "ok"]
+    top = ok.loc[ok["batch_size"].idxmax()]
+    base_max = ok[ok["technique"] == "baseline"]["batch_size"].max()
+    assert f"`{top.technique}` trains a {top.batch_size / base_max:.1f}× larger batch" in title
+    same = ok[ok["batch_entry"] == "same"]
+    fast = same.loc[same["tokens_per_s"].idxmax()]
+    base = same[same["technique"] == "baseline"].iloc[0]
+    assert f"`{fast.technique}` runs {fast.tokens_per_s / base.tokens_per_s:.1f}× faster" in title
+    low = same.loc[same["peak_allocated_mib"].idxmin()]
+    saved = 100 * (1 - low.peak_allocated_mib / base.peak_allocated_mib)
+    assert f"{low.peak_allocated_mib:,.0f} MiB ({saved:.1f}% below" in abstract
+    quality = pd.read_csv(rendered / "results" / "quality.csv")
+    for function, runs in quality.groupby("function"):
+        lo, hi = runs["val_ppl"].min(), runs["val_ppl"].max()
+        assert f"(seeds {lo:,.1f}–{hi:,.1f}) for `{function}`" in abstract
+
+
+def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, rendered, tmp_path):
+    """The committed PDF: every figure is on a page before the configuration appendix; and the
+    LaTeX, compiled here, overflows no line by more than 12 pt (long hashes used to run off)."""
+    import subprocess  # pdftotext (poppler-utils) and pdflatex: .ci/run installs both
+
+    text = subprocess.run(
+        ["pdftotext", "-layout", str(study / "paper" / "paper.pdf"), "-"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    pages = text.split("\f")
+    appendix = next(i for i, p in enumerate(pages) if re.search(r"^B\s+The configuration", p, re.M))
+    figures = [i for i, p in enumerate(pages) for _ in re.finditer(r"Figure \d+:", p)]
+    assert len(figures) == 10 and max(figures) < appendix
+    build = tmp_path / "tex"
+    shutil.copytree(rendered / "paper", build)
+    for _ in range(2):
+        subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "paper.tex"],
+            cwd=build, capture_output=True, timeout=300,
+        )  # fmt: skip
+    log = (build / "paper.log").read_text(errors="replace")
+    over = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert over == [] or max(over) <= 12, over
