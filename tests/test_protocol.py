@@ -65,9 +65,11 @@ def test_paper_counts_cells_stopped_at_the_time_limit():
         {"timed_s": 31.0, "timed_steps": 12, "step_time_ms_rel_ci95": 0.009},  # the interval did
         {"timed_s": 80.0, "timed_steps": 100, "step_time_ms_rel_ci95": 0.02},  # the step cap did
         {"timed_s": 3.0, "timed_steps": 10, "step_time_ms_rel_ci95": 0.002},
+        # a `max` entry that is its `same` run: the same run, not counted twice
+        {"timed_s": 34.4, "timed_steps": 10, "step_time_ms_rel_ci95": 0.03, "measured_as": "same"},
     ]
-    assert stopped_at_time_limit(cells, cfg) == 1
-    assert stopped_at_time_limit(cells, {**MEASURE, "max_timed_s": None}) == 0
+    assert stopped_at_time_limit(cells, cfg) == [cells[0]]
+    assert stopped_at_time_limit(cells, {**MEASURE, "max_timed_s": None}) == []
 
 
 def test_summary_records_the_interval():
@@ -287,3 +289,28 @@ def test_instability_names_a_warming_start_and_a_wide_spread():
     modes = [100.0, 130.0] * 30  # two modes, no warm-up
     assert instability(modes) == "10th-90th percentile spread 26% of the median"
     assert instability(steady[:7]) is None  # too few to judge
+
+
+def test_exactness_gives_another_function_of_one_precision_for_scale():
+    """A windowed technique is another function than bf16: its loss against bf16's is the scale
+    the tolerance is read against (within it here: the check then cannot tell the two apart)."""
+    techniques = {
+        **TECHNIQUES,
+        "local": {**TECHNIQUES["bf16"], "attention": "flex", "window": 64},
+    }
+    ref = [7.0 - 0.1 * i for i in range(10)]
+    tol = {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}
+    near = exactness(
+        [_record("bf16", ref), _record("local", [v + 0.03 for v in ref])], techniques, tol
+    )
+    assert [(c["technique"], c["against"], c["within"]) for c in near["controls"]] == [
+        ("local", "bf16", True)
+    ]
+    assert near["controls"][0]["max_abs_diff"] == pytest.approx(0.03)
+    far = exactness(
+        [_record("bf16", ref), _record("local", [v + 0.3 for v in ref])], techniques, tol
+    )
+    assert far["controls"][0]["within"] is False
+    # fp32's reference has no other fp32 function to be compared with
+    alone = exactness([_record("baseline", ref), _record("bf16", ref)], techniques, tol)
+    assert alone["controls"] == []

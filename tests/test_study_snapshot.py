@@ -69,3 +69,21 @@ def test_readme_headline_table_is_the_h100_study():
     base = summary[(summary.technique == "baseline") & (summary.batch_entry == "same")].iloc[0]
     row = next(r for r in block.splitlines() if r.startswith("| `flash` |"))
     assert f"| {flash.tokens_per_s:,.0f} | {flash.tokens_per_s / base.tokens_per_s:.2f}x |" in row
+
+
+def test_two_studies_side_by_side_with_a_figure(tmp_path):
+    """The cross-GPU comparison (issue 16), shown here on the two committed H100 studies: one row
+    per technique both ran, the ratio of the second to the first, and the figure."""
+    png = tmp_path / "compare.png"
+    paths = [str(ROOT / "studies" / n) for n in ("h100-default", "h100-protocol-v2")]
+    out = subprocess.run(
+        [sys.executable, "tools/study_report.py", *paths, "--figure", str(png)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rows = {r.split("|")[1].strip(" `"): r for r in out.split("\n\n")[-1].splitlines()[2:]}
+    assert list(rows) == ["baseline", "flash", "local128"]  # the techniques both studies ran
+    a = pd.read_csv(paths[0] + "/results/summary.csv").set_index(["technique", "batch_entry"])
+    b = pd.read_csv(paths[1] + "/results/summary.csv").set_index(["technique", "batch_entry"])
+    ratio = b.loc[("flash", "max"), "tokens_per_s"] / a.loc[("flash", "max"), "tokens_per_s"]
+    assert f"({ratio:.2f}x)" in rows["flash"]
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -3,7 +3,10 @@ table; for two (the same config on two GPUs), the two side by side, what differs
 job time.
 
     python tools/study_report.py studies/h100-default
-    python tools/study_report.py studies/h100-default studies/h200-default
+    python tools/study_report.py studies/h100-default studies/h200-default [--figure F.png]
+
+With two studies and --figure, it also draws the comparison: per technique, the maximum batch and
+the tokens/s at it on each GPU.
 """
 
 from __future__ import annotations
@@ -95,13 +98,52 @@ def _ranks(cells: pd.DataFrame, order: list[str]) -> dict:
     return {t: speed.index(t) + 1 for t in order}
 
 
+def figure(a: dict, b: dict, path: Path) -> None:
+    """Two panels, one bar per GPU for each technique both studies ran: the maximum batch (log
+    scale, hatched where the search stopped at its cap) and the tokens/s at it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    common = [t for t in a["order"] if t in b["order"]]
+    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+    batch_ax, speed_ax = fig.subplots(1, 2)
+    for k, (s, color) in enumerate(((a, "#4C72B0"), (b, "#DD8452"))):
+        x = [i + (k - 0.5) * 0.4 for i in range(len(common))]
+        batches = [s["cells"].loc[(t, "max"), "batch_size"] for t in common]
+        bars = batch_ax.bar(x, batches, 0.4, color=color, label=f"{s['name']} ({s['gpu']})")
+        for bar, t in zip(bars, common):
+            if t in s["capped"]:
+                bar.set_hatch("//")
+        batch_ax.bar_label(bars, fontsize=6)
+        speeds = [s["cells"].loc[(t, "max"), "tokens_per_s"] / 1000 for t in common]
+        speed_ax.bar_label(speed_ax.bar(x, speeds, 0.4, color=color), fmt="%.0f", fontsize=6)
+    every = [s["cells"].loc[(t, "max"), "batch_size"] for s in (a, b) for t in common]
+    if max(every) > 10 * min(every):  # the maxima span decades
+        batch_ax.set_yscale("log")
+        batch_ax.set_ylim(bottom=1)
+    batch_ax.set_title("maximum batch (sequences; hatched: at the search's cap)", fontsize=9)
+    speed_ax.set_title("thousand tokens/s at the maximum batch", fontsize=9)
+    for ax in (batch_ax, speed_ax):
+        ax.set_xticks(range(len(common)), common, rotation=30, ha="right", fontsize=8)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=8)
+    fig.savefig(path, dpi=150)
+
+
 def main(paths: list[str]) -> None:
+    out = None
+    if "--figure" in paths:
+        i = paths.index("--figure")
+        out, paths = Path(paths[i + 1]), paths[:i] + paths[i + 2 :]
     studies = [load(Path(p)) for p in paths]
     for s in studies:
         print(f"{s['name']} ({s['gpu']}; {s['job_s']:,.0f} s of jobs):\n")
         print("\n".join(headline(s)) + "\n")
     if len(studies) == 2:
         print("\n".join(side_by_side(*studies)))
+        if out is not None:
+            figure(*studies, out)
 
 
 if __name__ == "__main__":

@@ -259,9 +259,9 @@ def _phases_figure(summary) -> Figure:
     return fig
 
 
-def _max_batch_figure(summary) -> Figure:
+def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
     """Each technique's `max` batch; one whose full run then ran out of memory (or diverged) is
-    hatched."""
+    hatched; one whose search stopped at its cap (`capped`) is labelled as a lower bound."""
     rows = summary[summary["batch_entry"] == "max"]
     fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(rows))))
     ax = fig.subplots()
@@ -276,7 +276,8 @@ def _max_batch_figure(summary) -> Figure:
         batch = int(row.batch_size)
         if row.status == "ok":
             ax.barh(i, batch, 0.7, color=technique_colors(summary)[row.technique])
-            ax.text(batch, i, f" {batch}", va="center", fontsize=7)
+            bound = f" ≥{batch} (the search's cap)" if row.technique in capped else f" {batch}"
+            ax.text(batch, i, bound, va="center", fontsize=7)
         else:  # the search's batch, which then failed the full run: outline, never a solid bar
             ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
             label = f" {batch} ({_unmeasured(row.status)} in full run)"
@@ -321,6 +322,8 @@ def make_figures(
     summary["val_ppl"] = (
         summary["function"].map({f: sum(v) / len(v) for f, v in ppl.items()}).astype(float)
     )
+    summary["val_ppl_lo"] = summary["function"].map({f: min(v) for f, v in ppl.items()})
+    summary["val_ppl_hi"] = summary["function"].map({f: max(v) for f, v in ppl.items()})
     summary["quality_status"] = summary["function"].map(
         lambda f: "diverged" if f in diverged else "ok"
     )
@@ -340,7 +343,9 @@ def make_figures(
         "tradeoff": lambda: _tradeoff_figure(summary),
         "memory_saved": lambda: _memory_saved_figure(summary, baseline),
         "phases": lambda: _phases_figure(summary),
-        "max_batch": lambda: _max_batch_figure(summary),
+        "max_batch": lambda: _max_batch_figure(
+            summary, frozenset(s["technique"] for s in searches if s.get("status") == "capped")
+        ),
         "memory_batch": lambda: _memory_batch_figure(summary, searches),
         "speed_batch": lambda: _speed_batch_figure(summary),
         "windows": lambda: _windows_figure(summary),

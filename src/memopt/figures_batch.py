@@ -21,10 +21,11 @@ from memopt.figures_style import (
 )
 
 
-def _cell_lines(ax, summary, column: str, colors: dict) -> None:
+def _cell_lines(ax, summary, column: str, colors: dict) -> dict:
     """One line per technique through its trained cells: `column` against batch size.
     Techniques whose cells coincide (within 0.5%) share one line, in the first one's colour,
-    labelled with all their names: a line drawn over another would hide it."""
+    labelled with all their names: a line drawn over another would hide it. Returns each
+    technique's colour as drawn (the shared line's), for what the figure draws of it beside."""
     lines: dict[tuple, list[str]] = {}
     points = {}
     for technique in dict.fromkeys(summary["technique"]):
@@ -44,11 +45,14 @@ def _cell_lines(ax, summary, column: str, colors: dict) -> None:
         )  # fmt: skip
         lines.setdefault(key, []).append(technique)
         points[key] = (xs, ys)
+    drawn = {}
     for key, names in lines.items():
         xs, ys = points[key]
         label = " = ".join(names) if len(names) < 4 else f"{names[0]} (= {len(names) - 1} more)"
         ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, color=colors[names[0]],
                 label=label)  # fmt: skip
+        drawn.update({name: colors[names[0]] for name in names})
+    return drawn
 
 
 def _batch_axes(ax, ylabel: str, handles: list) -> None:
@@ -69,8 +73,9 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
     ax.set_title("Peak allocated memory vs batch size")
     budgets = {s["budget_mib"] for s in searches if s.get("budget_mib")}
     budget = min(budgets) if budgets else None
-    for s in searches:
-        color = colors[s["technique"]]
+    drawn = _cell_lines(ax, summary, "peak_allocated_mib", colors)
+    for s in searches:  # in the colour of the technique's line (a shared line's colour)
+        color = drawn.get(s["technique"], colors[s["technique"]])
         fits = [t for t in s["trials"] if t["fits"] and t.get("peak_mib") is not None]
         misses = [t["batch"] for t in s["trials"] if not t["fits"]]
         ax.scatter(
@@ -93,7 +98,6 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
                 linewidth=0.8,
                 color=color,
             )
-    _cell_lines(ax, summary, "peak_allocated_mib", colors)
     if budget:
         ax.axhline(budget, color="#B00020", linewidth=0.8, linestyle="--")
         ax.text(
@@ -145,10 +149,14 @@ def _speed_batch_figure(summary) -> Figure:
 
 def window_group(summary) -> list:
     """The windowed techniques and their full-attention counterparts (same precision,
-    checkpointing and compilation), at the main entry, ordered by window (full last)."""
+    checkpointing, compilation, optimizer, loss and offloading), at the main entry, ordered by
+    window (full last)."""
     rows = summary[summary["batch_entry"] == _main_entry(summary)]
     windowed = rows[rows["window"].notna()]
-    same_knobs = ["precision", "checkpointing", "compile"]
+    same_knobs = [
+        k for k in ("precision", "checkpointing", "compile", "optimizer", "loss", "offload")
+        if k in rows.columns
+    ]  # fmt: skip
     keys = {tuple(r) for r in windowed[same_knobs].astype(str).itertuples(index=False)}
     full = rows[rows["window"].isna()]
     full = full[[tuple(r) in keys for r in full[same_knobs].astype(str).itertuples(index=False)]]
@@ -188,7 +196,9 @@ def _windows_figure(summary) -> Figure:
                 _mark_unmeasured(ax, i, 0.7, _unmeasured(status), "#B00020")
                 continue
             if column == "val_ppl":  # a zoomed axis: bars from zero would hide the differences
-                ax.plot(i, value, "o", color=colors[row.technique])
+                lo, hi = getattr(row, "val_ppl_lo", value), getattr(row, "val_ppl_hi", value)
+                ax.errorbar(i, value, yerr=[[value - lo], [hi - value]], fmt="o", capsize=3,
+                            color=colors[row.technique])  # fmt: skip
                 ax.text(i, value, f" {value:,.1f}", ha="left", va="center", fontsize=6.5)
                 continue
             ax.bar(i, value, 0.7, color=colors[row.technique])
@@ -196,6 +206,10 @@ def _windows_figure(summary) -> Figure:
         ax.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=6.5)
         ax.set_xlim(-0.6, len(group) - 0.4)
         ax.set_title(title, fontsize=8)
-        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        # the perplexity axis is zoomed to a few units: whole numbers would repeat on its ticks
+        ax.yaxis.set_major_formatter(
+            StrMethodFormatter("{x:,.1f}" if column == "val_ppl" else "{x:,.0f}")
+        )
+    axes[-1].set_title("val. perplexity (its function;\nbars: the seeds' range)", fontsize=8)
     fig.tight_layout()
     return fig

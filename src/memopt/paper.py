@@ -126,18 +126,22 @@ def _search(path: Path) -> dict:
     }
 
 
-def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> int:
-    """Cells whose timing stopped at measure.max_timed_s, short of the interval and the step cap."""
+def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> list[dict]:
+    """The runs whose timing stopped at measure.max_timed_s, short of the step cap and of the
+    interval target (so their interval is wider than the target); a `max` entry measured as its
+    `same` run is that run, counted once."""
     limit_s = measure_cfg.get("max_timed_s")
     if limit_s is None:
-        return 0
-    return sum(
-        c.get("timed_s") is not None
+        return []
+    return [
+        c
+        for c in cells
+        if not c.get("measured_as")
+        and c.get("timed_s") is not None
         and c["timed_s"] >= limit_s
         and c["timed_steps"] < measure_cfg["max_timed_steps"]
         and (c.get("step_time_ms_rel_ci95") or 0) > measure_cfg["target_rel_ci"]
-        for c in cells
-    )
+    ]
 
 
 def _provenance(cells: list[dict]) -> dict:
@@ -268,8 +272,16 @@ def build_context(
             "warmup_steps": first_ok.get("warmup_steps"),
             "timed_min": min(timed) if timed else None,
             "timed_max": max(timed) if timed else None,
-            "at_max": sum(t >= config["measure"]["max_timed_steps"] for t in timed),
+            "at_max": sum(
+                c["timed_steps"] >= config["measure"]["max_timed_steps"]
+                for c in cells
+                if c.get("timed_steps") is not None and not c.get("measured_as")
+            ),
             "at_time": stopped_at_time_limit(cells, config["measure"]),
+            "at_time_list": ", ".join(
+                f"{c['technique']} at {c['batch_size']:,} ({100 * c['step_time_ms_rel_ci95']:.1f}%)"
+                for c in stopped_at_time_limit(cells, config["measure"])
+            ),
         },
         "retries": [  # each run once: a `max` entry that is its `same` run is not listed again
             c
@@ -279,10 +291,17 @@ def build_context(
         ],
         "findings": findings(cells, searches, baseline),
         "quality": quality,
-        "recommendations": recommendations(cells, quality, baseline),
+        "recommendations": recommendations(
+            cells,
+            quality,
+            baseline,
+            frozenset(s["technique"] for s in searches if s["status"] == "capped"),
+        ),
         "quality_runs": runs,
         "exactness": exact,
-        "mechanisms": mechanisms(cells, baseline, exact["rows"], config["model"]),
+        "mechanisms": mechanisms(
+            cells, baseline, exact["rows"], {**config["model"], "vocab": tokens["vocab_size"]}
+        ),
         "optimal": throughput_optimal(cells, searches, config["model"]["seq_len"]),
         "relative": relative,
         "tf32": tf32,

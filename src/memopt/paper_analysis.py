@@ -58,11 +58,14 @@ def _quality_words(row: dict | None) -> str:
     return f"quality {row['verdict']} against the baseline's function"
 
 
-def recommendations(cells: list[dict], quality: dict, baseline: str) -> list[dict]:
+def recommendations(
+    cells: list[dict], quality: dict, baseline: str, capped: frozenset = frozenset()
+) -> list[dict]:
     """One row per goal: the winning technique, its figure, what it costs, the runner-up and
     its figure, and whether the two are within measurement noise. Goals without data are left out.
 
-    - largest batch: the largest batch a `max` cell trained at;
+    - largest batch: the largest batch a `max` cell trained at (techniques whose searches both
+      stopped at the cap, `capped`, at one batch are tied: neither is known to train more);
     - fastest training: the highest tokens/s of any of the technique's cells;
     - least memory at the same batch: the lowest peak allocated memory at `same`;
     - best quality per GPU-hour: among techniques whose function is not distinguishably worse
@@ -76,7 +79,7 @@ def recommendations(cells: list[dict], quality: dict, baseline: str) -> list[dic
     base = base if base is not None and base["status"] == "ok" else None
     rows = []
 
-    def row(goal, ranked, figure, cost, noise=None):
+    def row(goal, ranked, figure, cost, noise=None, tie=None):
         if not ranked:
             return
         win, second = ranked[0], ranked[1] if len(ranked) > 1 else None
@@ -89,6 +92,7 @@ def recommendations(cells: list[dict], quality: dict, baseline: str) -> list[dic
                 "runner_up": second["technique"] if second else None,
                 "runner_up_figure": figure(second) if second else None,
                 "within_noise": bool(second and noise and noise(win, second)),
+                "tied": bool(second and tie and tie(win, second)),
             }
         )
 
@@ -97,12 +101,29 @@ def recommendations(cells: list[dict], quality: dict, baseline: str) -> list[dic
             return f"{c['tokens_per_s']:,.0f} tokens/s"
         return f"{c['tokens_per_s'] / base['tokens_per_s']:.2f}x the baseline's tokens/s"
 
+    same_ok = _best_per_technique(cells, lambda c: c["tokens_per_s"], entry="same")
+    quickest = max(same_ok.values(), key=lambda c: c["tokens_per_s"], default=None)
+
+    def speed_given_up(c):
+        """What the technique costs in speed: its tokens/s at the `same` batch against the
+        fastest technique's there (the largest batch is not what a slower step buys)."""
+        mine = same_ok.get(c["technique"])
+        if mine is None or quickest is None or mine is quickest:
+            return f"{c['tokens_per_s']:,.0f} tokens/s at that batch"
+        return (
+            f"{mine['tokens_per_s'] / quickest['tokens_per_s']:.2f}x the tokens/s of "
+            f"{quickest['technique']} at the same batch"
+        )
+
     largest = _best_per_technique(cells, lambda c: c["batch_size"], entry="max")
     row(
         "largest batch",
         _ranked(largest, lambda c: (c["batch_size"], c["tokens_per_s"])),
         lambda c: f"{c['batch_size']:,} sequences",
-        lambda c: f"{speed_vs_base(c)} at that batch; {_quality_words(q.get(c['technique']))}",
+        lambda c: f"{speed_given_up(c)}; {_quality_words(q.get(c['technique']))}",
+        tie=lambda a, b: (
+            a["batch_size"] == b["batch_size"] and {a["technique"], b["technique"]} <= capped
+        ),
     )
     fastest = _best_per_technique(cells, lambda c: c["tokens_per_s"])
     row(
@@ -128,12 +149,20 @@ def recommendations(cells: list[dict], quality: dict, baseline: str) -> list[dic
         _ranked(quality_fastest, lambda c: c["tokens_per_s"]),
         lambda c: (
             f"{c['tokens_per_s']:,.0f} tokens/s, validation loss "
-            f"{q[c['technique']]['val_loss']['mean']:.4f}"
+            + _loss_with_spread(q[c["technique"]]["val_loss"])
         ),
         lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak at batch {c['batch_size']:,}",
         _within_ci,
     )
     return rows
+
+
+def _loss_with_spread(loss: dict) -> str:
+    """A function's mean validation loss with its seed range (every quality number carries its
+    spread; one seed has none)."""
+    if loss["n"] > 1:
+        return f"{loss['mean']:.4f} (seeds {loss['min']:.4f}–{loss['max']:.4f})"
+    return f"{loss['mean']:.4f} (one seed)"
 
 
 def _as_good_as_the_best(quality: dict) -> set[str]:
@@ -220,8 +249,19 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
         base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
         base_max = max(base_batches) if base_batches else None
         status = {s["technique"]: s["status"] for s in searches}
+        capped = {s["technique"] for s in searches if s["status"] == "capped"}
+        # Techniques whose searches stopped at the same cap tie: none is known to train more.
+        tied = [
+            c["technique"]
+            for c in trained
+            if c["batch_entry"] == "max"
+            and c["technique"] != top["technique"]
+            and c["batch_size"] == top["batch_size"]
+            and {c["technique"], top["technique"]} <= capped
+        ]
         result["largest_batch"] = {
             "technique": top["technique"],
+            "tied": tied,
             "max_batch": top["batch_size"],
             "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
             "baseline_max_batch": base_max,

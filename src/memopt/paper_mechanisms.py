@@ -5,7 +5,7 @@ Peak allocated memory is split into what the measured step shows exists at its p
 the optimizer state, the activations kept for the backward pass (of them, what the output layer
 keeps: the logits) and the backward pass's working memory on top of those (the peak minus the
 rest: mostly the gradient of the logits, before the weights' gradients exist). Gradients and
-their changes are named where a knob moves them. Torch-free; plain ASCII text, formatted by the
+their changes are named where a knob moves them. Torch-free; plain text (× and ² aside), formatted by the
 templates (technique names and numbers are the only data in it).
 """
 
@@ -36,6 +36,13 @@ def _scores_mib(c: dict, model: dict) -> float:
     """One FP32 copy of the attention scores of all layers and heads at this batch."""
     values = c["batch_size"] * model["n_layers"] * model["n_heads"] * model["seq_len"] ** 2
     return values * 4 / 2**20
+
+
+def logits_fp32_mib(c: dict, model: dict) -> float | None:
+    """One FP32 copy of the logits at this cell's batch (None without the vocabulary size)."""
+    if not model.get("vocab"):
+        return None
+    return c["batch_size"] * model["seq_len"] * model["vocab"] * 4 / 2**20
 
 
 def _value(x) -> float | None:
@@ -71,8 +78,8 @@ def _activation_causes(c: dict, base: dict, rise: bool, model: dict) -> list[str
         window = f" (over a window of {c['window']} keys)" if c.get("window") else ""
         causes.append(
             f"the fused {c['kernel']} attention kernel{window} never stores the attention scores "
-            f"and probabilities, which the explicit kernel keeps: {c['batch_size']:,} sequences x "
-            f"{model['n_layers']} layers x {model['n_heads']} heads x {model['seq_len']:,}^2 "
+            f"and probabilities, which the explicit kernel keeps: {c['batch_size']:,} sequences × "
+            f"{model['n_layers']} layers × {model['n_heads']} heads × {model['seq_len']:,}² "
             f"values, {_mib(_scores_mib(c, model))} per FP32 copy"
         )
     mode = c.get("checkpointing", "none")
@@ -88,7 +95,7 @@ def _activation_causes(c: dict, base: dict, rise: bool, model: dict) -> list[str
     elif c["precision"] != base["precision"] and c["precision"] in ("bf16", "fp16", "fp8"):
         causes.append(f"{c['precision']} autocast keeps matmul outputs in 16 bits")
     if c.get("compile") and not base.get("compile"):
-        causes.append("the compiler fuses elementwise operations and keeps fewer intermediates")
+        causes.append("the compiled graph keeps fewer intermediates (Section 4 says which)")
     return causes
 
 
@@ -111,6 +118,8 @@ def _working_label(c: dict) -> str:
     """What the backward pass's working memory mostly is: with the standard loss the logits'
     gradient; with a chunked or fused loss under checkpointing, a block recomputed for its
     backward pass."""
+    if c.get("compile") and _value(c.get("logits_mib")) is None:
+        return "(what it allocates beyond what the forward pass kept)"
     if c.get("loss", "standard") == "standard":
         return "(mostly the logits' gradient)"
     if c.get("checkpointing", "none") != "none":
@@ -118,13 +127,20 @@ def _working_label(c: dict) -> str:
     return "(the loss's gradient one chunk at a time)"
 
 
-def _working_causes(c: dict, base: dict, p: dict) -> list[str]:
+def _working_causes(c: dict, base: dict, p: dict, model: dict) -> list[str]:
     if c.get("compile") and p.get("logits") is None:  # the output layer is not measured apart
         above = c["peak_allocated_mib"] - c["phase_after_forward_mib"]
         return [
-            "under compile the output layer is not measured apart (its logits count among the "
-            f"activations kept), and the step's peak is only {_mib(above)} above what its forward "
-            "pass kept"
+            "under compile the output layer is not measured apart, and the step's peak is only "
+            f"{_mib(above)} above what its forward pass kept"
+        ]
+    copy = logits_fp32_mib(c, model)
+    mine, theirs = _value(c.get("logits_grad_mib")), _value(base.get("logits_grad_mib"))
+    standard = c.get("loss", "standard") == "standard" == base.get("loss", "standard")
+    if standard and copy and mine is not None and theirs is not None:
+        return [
+            f"the output layer's backward pass needs {mine / copy:.1f} FP32-sized copies of the "
+            f"logits' gradient ({_mib(copy)} each at this batch) instead of {theirs / copy:.1f}"
         ]
     return _logits_causes(c, base)
 
@@ -160,16 +176,14 @@ def mechanism(c: dict, base: dict, exact: dict | None, threshold: float, model: 
             p.get(key) is not None and b.get(key) is not None and abs(p[key] - b[key]) > threshold
         )
 
+    if p.get("logits") is None and b.get("logits") is not None:  # compiled: not measured apart
+        b = {**b, "activations": b["activations"] + b["logits"], "logits": None}
+        label = "Activations kept for the backward pass, logits included (not measured apart here)"
+    else:
+        label = "Activations kept for the backward pass, the logits aside"
     if moved("activations"):
         causes = _activation_causes(c, base, p["activations"] > b["activations"], model)
-        out.append(
-            _change(
-                "Activations kept for the backward pass, the logits aside",
-                b["activations"],
-                p["activations"],
-                causes,
-            )  # fmt: skip
-        )
+        out.append(_change(label, b["activations"], p["activations"], causes))
     if moved("logits"):
         out.append(
             _change(
@@ -185,7 +199,7 @@ def mechanism(c: dict, base: dict, exact: dict | None, threshold: float, model: 
                 "Working memory of the backward pass on top of these " + _working_label(c),
                 b["working"],
                 p["working"],
-                _working_causes(c, base, p),
+                _working_causes(c, base, p, model),
             )  # fmt: skip
         )
     if moved("optimizer"):

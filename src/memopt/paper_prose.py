@@ -104,10 +104,13 @@ def _knobs(techniques: list[dict], baseline: str) -> list[dict]:
         "window": ("sliding-window attention", lambda t: t["window"] is not None),
         "checkpointing": ("activation checkpointing", lambda t: t["checkpointing"] != "none"),
         "loss": ("a chunked or fused loss", lambda t: t["loss"] != "standard"),
-        "optimizer": ("another optimizer", lambda t: not t["optimizer"].startswith("adamw ")
-                      and t["optimizer"] != "adamw"),
+        "lowbit": ("a low-bit optimizer", lambda t: t["optimizer"].split()[0].endswith("bit")),
+        "lighter": ("a lighter optimizer", lambda t: t["optimizer"].split()[0] in ("adafactor", "sgd")),
+        "in_backward": ("updates in the backward pass", lambda t: "in backward" in t["optimizer"]),
         "compile": ("compilation", lambda t: t["compiled"] == "yes"),
-        "other": ("offloading, accumulation or parallelism", lambda t: bool(t["other"])),
+        "offload": ("offloading", lambda t: "offload" in t["other"]),
+        "accumulation": ("gradient accumulation", lambda t: "micro-batches" in t["other"]),
+        "parallel": ("data parallelism", lambda t: "per GPU" in t["other"]),
     }  # fmt: skip
     out = []
     for key, (name, uses) in kinds.items():
@@ -146,6 +149,7 @@ def _reports_speedups(references: dict) -> list[dict]:
             entry = by.setdefault(r["technique"], {"technique": r["technique"], "theirs": []})
             entry["theirs"].append(r["speedup"])
             entry["ours"] = r["our_speedup"]
+            entry["ours_tf32"] = r.get("our_speedup_tf32")
     return [
         {**e, "lo": min(e["theirs"]), "hi": max(e["theirs"]), "n": len(e["theirs"])}
         for e in by.values()
@@ -159,19 +163,39 @@ def _by_knob(increments: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _fused_share(same: dict[str, dict], baseline: str, techniques: list[dict]) -> float | None:
-    """The share of the baseline's activations that the first fused-attention technique without
-    checkpointing does not keep, at the same batch."""
+def _fused_technique(same: dict[str, dict], baseline: str, techniques: list[dict]) -> dict | None:
+    """The first fused-attention technique without checkpointing and compilation (whose `same`
+    cell has a breakdown), the baseline's `same` cell beside it."""
     base = same.get(baseline)
     for t in techniques:
         c = same.get(t["name"])
         if (
             c is not None and base is not None and c["kernel"] not in (None, "math")
             and c["checkpointing"] == "none" and c.get("activations_mib") is not None
-            and base.get("activations_mib")
+            and not c.get("compile") and base.get("activations_mib")
         ):  # fmt: skip
-            return 1 - c["activations_mib"] / base["activations_mib"]
+            return c
     return None
+
+
+def _fused_share(same: dict[str, dict], baseline: str, techniques: list[dict]) -> dict | None:
+    """The share of the baseline's activations that the first fused-attention technique keeps no
+    more, and the precision it runs in when that differs from the baseline's (then autocast has
+    a part in the saving: the two cannot be told apart from these cells)."""
+    c = _fused_technique(same, baseline, techniques)
+    if c is None:
+        return None
+    base = same[baseline]
+    separated = any(
+        o["kernel"] == "math" and o["precision"] == c["precision"] for o in same.values()
+    )
+    return {
+        "share": 1 - c["activations_mib"] / base["activations_mib"],
+        "technique": c["technique"],
+        "with_precision": None
+        if separated or c["precision"] == base["precision"]
+        else c["precision"],
+    }
 
 
 def _fastest_tf32(ctx: dict) -> float | None:
@@ -187,6 +211,75 @@ def _fastest_tf32(ctx: dict) -> float | None:
         ),
         None,
     )
+
+
+def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
+    """Per compiled technique with an uncompiled twin (Table 7), what the compiled graph stops
+    keeping: the activations (logits included) it keeps less than the twin, beside one FP32 copy
+    of the logits, which autocast makes for the cross-entropy. `loss_fused`: the two agree within
+    5%, so the saving is that copy and the blocks keep what they kept."""
+    out = []
+    vocab = ctx["tokens"]["vocab_size"]
+    for r in ctx["increments"]:
+        c, twin = same.get(r["technique"]), same.get(r["over"])
+        if r["knob"] != "compile" or c is None or twin is None:
+            continue
+        if c.get("activations_mib") is None or twin.get("activations_mib") is None:
+            continue
+        less = twin["activations_mib"] - c["activations_mib"]
+        copy = c["batch_size"] * ctx["model"]["seq_len"] * vocab * 4 / 2**20
+        out.append(
+            {"technique": r["technique"], "over": r["over"], "less_mib": less, "copy_mib": copy,
+             "loss_fused": abs(less - copy) <= 0.05 * copy}
+        )  # fmt: skip
+    return out
+
+
+def _window_flops(ctx: dict) -> list[dict]:
+    """Per sliding-window technique with a full-attention twin (Table 7): attention's matmul
+    FLOPs per token with and without the window, beside the model's, and the speed-up."""
+    m = ctx["model"]
+    per_token = ctx["flops"].get("per_token")
+    if not per_token:
+        return []
+    T, L, d = m["seq_len"], m["n_layers"], m["d_model"]
+    out = []
+    for r in ctx["increments"]:
+        w = next((t["window"] for t in ctx["techniques"] if t["name"] == r["technique"]), None)
+        if r["knob"] != "attention" or w is None:
+            continue
+        keys = (sum(min(i + 1, w) for i in range(T))) / T  # keys a query sees on average
+        full, windowed = 12 * L * d * (T + 1) / 2, 12 * L * d * keys
+        out.append(
+            {"technique": r["technique"], "over": r["over"], "window": w, "speedup": r["speedup"],
+             "full_mflop": full / 1e6, "window_mflop": windowed / 1e6,
+             "per_token_gflop": per_token / 1e9, "share": full / per_token,
+             "no_saving": abs(r["memory_reduction_pct"]) < 1}
+        )  # fmt: skip
+    return out
+
+
+def _seed_spread(quality: dict) -> float | None:
+    """The widest seed range of validation loss among the functions (nats): differences between
+    functions smaller than about this cannot be seen with these seeds."""
+    spans = [
+        r["val_loss"]["max"] - r["val_loss"]["min"]
+        for r in quality.get("rows", [])
+        if r["val_loss"]["n"] and r["val_loss"]["n"] > 1
+    ]
+    return max(spans) if spans else None
+
+
+def _uncovered_quality_kernels(ctx: dict) -> list[dict]:
+    """Quality runs whose kernel none of their function's timed techniques ran: the exactness
+    runs, which compare the techniques, do not cover that kernel."""
+    kernels = {t["name"]: set(t.get("kernels") or []) for t in ctx["techniques"]}
+    out = []
+    for r in ctx["quality"].get("rows", []):
+        ran = set().union(*(kernels.get(t, set()) for t in r["techniques"]))
+        if r.get("kernel") and ran and r["kernel"] not in ran:
+            out.append({"function": r["function"], "kernel": r["kernel"], "timed": sorted(ran)})
+    return out
 
 
 def story(ctx: dict) -> dict:
@@ -247,6 +340,10 @@ def story(ctx: dict) -> dict:
             if c.get("mfu") and c.get("hfu") is not None and c["hfu"] > 1.01 * c["mfu"]
         ],  # fmt: skip
         "fastest_tf32": _fastest_tf32(ctx),
+        "compile_saving": _compile_saving(ctx, same),
+        "window_flops": _window_flops(ctx),
+        "seed_spread": _seed_spread(ctx["quality"]),
+        "uncovered_kernels": _uncovered_quality_kernels(ctx),
         "reports_agree": all(
             (r["lo"] - 1) * (r["ours"] - 1) > 0 and (r["hi"] - 1) * (r["ours"] - 1) > 0
             for r in _reports_speedups(ctx["references"])

@@ -68,6 +68,7 @@ def reference_comparison(
                     else None,
                     "max_batch_ratio": ratio(r.get("max_batch"), base.get("max_batch")),
                     "our_speedup": ours.get(name, {}).get("speedup"),
+                    "our_speedup_tf32": ours.get(name, {}).get("speedup_tf32"),
                     "our_memory_reduction_pct": ours.get(name, {}).get("memory_reduction_pct"),
                     "our_max_batch_ratio": ratio(our_max.get(name), base_max),
                 }

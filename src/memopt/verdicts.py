@@ -160,12 +160,46 @@ def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict)
     checked = [r for r in rows if r["ok"] is not None]
     first = next(iter(by_name.values()), None)
     return {
+        "controls": _controls(rows, by_name, techniques),
         "rows": rows,
         "batch_size": first["batch_size"] if first else None,
         "steps": first["steps"] if first else None,
         "holds": all(r["ok"] for r in checked),
         "failed": [r["technique"] for r in checked if not r["ok"]],
     }
+
+
+def _controls(rows: list[dict], by_name: dict, techniques: dict) -> list[dict]:
+    """For scale: each function's reference against the first reference of another function in
+    the same precision (same initialization and batches). Where such a pair stays within the
+    tolerance, the check cannot tell another function from the same one at this length."""
+    refs = [r for r in rows if r["ok"] is None]
+    out = []
+    for r in refs:
+        other = next(
+            (
+                o
+                for o in refs
+                if o is not r
+                and o["function"] != r["function"]
+                and techniques[o["technique"]]["precision"]
+                == techniques[r["technique"]]["precision"]
+                and refs.index(o) < refs.index(r)
+            ),
+            None,
+        )
+        mine, theirs = (
+            by_name[r["technique"]]["losses"],
+            by_name[other["technique"]]["losses"] if other else None,
+        )
+        if other is None or len(mine) != len(theirs):
+            continue
+        diff = max(abs(a - b) for a, b in zip(mine, theirs))
+        out.append(
+            {"technique": r["technique"], "against": other["technique"], "max_abs_diff": diff,
+             "tolerance": r["tolerance"], "within": diff <= r["tolerance"]}
+        )  # fmt: skip
+    return out
 
 
 def throughput_optimal(cells: list[dict], searches: list[dict], seq_len: int) -> list[dict]:
