@@ -118,6 +118,7 @@ def test_two_searches_stopped_at_one_cap_tie_for_the_largest_batch():
     quality = quality_table([], TECHNIQUES, "base")
     capped = recommendations(cells, quality, "base", frozenset({"lean", "quick"}))[0]
     assert (capped["winner"], capped["runner_up"], capped["tied"]) == ("quick", "lean", True)
+    assert (capped["figure"], capped["runner_up_figure"]) == ("≥ 64 sequences", "≥ 64 sequences")
     proven = recommendations(cells, quality, "base", frozenset({"quick"}))[0]
     assert proven["tied"] is False  # lean's 64 is proven, quick's is at least 64: no tie
 

@@ -119,7 +119,7 @@ def recommendations(
     row(
         "largest batch",
         _ranked(largest, lambda c: (c["batch_size"], c["tokens_per_s"])),
-        lambda c: f"{c['batch_size']:,} sequences",
+        lambda c: f"{'≥ ' if c['technique'] in capped else ''}{c['batch_size']:,} sequences",
         lambda c: f"{speed_given_up(c)}; {_quality_words(q.get(c['technique']))}",
         tie=lambda a, b: (
             a["batch_size"] == b["batch_size"] and {a["technique"], b["technique"]} <= capped
