@@ -16,11 +16,18 @@ def flops_per_token(model_cfg: dict, vocab_size: int, window: int | None) -> flo
     matmuls: 4 * d_model * keys per layer forward, times 3 with the backward pass, where keys is
     the average number of keys a query sees (causal: (T + 1) / 2; with window W: min(i + 1, W)).
     """
-    d, L, f, T = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff", "seq_len"))
+    d, L, f = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff"))
     n_matmul = L * (4 * d * d + 2 * d * f) + d * vocab_size
+    return 6 * n_matmul + attention_flops_per_token(model_cfg, window)
+
+
+def attention_flops_per_token(model_cfg: dict, window: int | None) -> float:
+    """Attention's two matmuls per trained token (forward + backward), over the keys a query
+    sees on average: (T + 1) / 2 causally, fewer with a window."""
+    d, L, T = (model_cfg[k] for k in ("d_model", "n_layers", "seq_len"))
     w = T if window is None else min(window, T)
     keys = (w * (w + 1) / 2 + (T - w) * w) / T
-    return 6 * n_matmul + 12 * L * d * keys
+    return 12 * L * d * keys
 
 
 def recompute_flops_per_token(model_cfg: dict, vocab_size: int, spec: dict) -> float | None:

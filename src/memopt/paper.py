@@ -248,6 +248,7 @@ def build_context(
     runs = _quality_runs(quality_csv)
     stages = stage_times(benchmark_paths)
     timed = [c["timed_steps"] for c in cells if c.get("timed_steps") is not None]
+    at_time = stopped_at_time_limit(cells, config["measure"])
     quality = quality_table(runs, config["techniques"], baseline)
     exact = exactness(
         [read_json(Path(p)) for p in exactness_paths],
@@ -277,10 +278,10 @@ def build_context(
                 for c in cells
                 if c.get("timed_steps") is not None and not c.get("measured_as")
             ),
-            "at_time": stopped_at_time_limit(cells, config["measure"]),
+            "at_time": at_time,
             "at_time_list": ", ".join(
                 f"{c['technique']} at {c['batch_size']:,} ({100 * c['step_time_ms_rel_ci95']:.1f}%)"
-                for c in stopped_at_time_limit(cells, config["measure"])
+                for c in at_time
             ),
         },
         "retries": [  # each run once: a `max` entry that is its `same` run is not listed again

@@ -11,8 +11,9 @@ import re
 
 import jinja2
 
+from memopt.flops import attention_flops_per_token, flops_per_token
 from memopt.paper_format import tex
-from memopt.paper_mechanisms import peak_parts
+from memopt.paper_mechanisms import logits_fp32_mib, peak_parts
 
 SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")
 
@@ -227,7 +228,7 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
         if c.get("activations_mib") is None or twin.get("activations_mib") is None:
             continue
         less = twin["activations_mib"] - c["activations_mib"]
-        copy = c["batch_size"] * ctx["model"]["seq_len"] * vocab * 4 / 2**20
+        copy = logits_fp32_mib(c, {**ctx["model"], "vocab": vocab})
         out.append(
             {"technique": r["technique"], "over": r["over"], "less_mib": less, "copy_mib": copy,
              "loss_fused": abs(less - copy) <= 0.05 * copy}
@@ -238,22 +239,18 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
 def _window_flops(ctx: dict) -> list[dict]:
     """Per sliding-window technique with a full-attention twin (Table 7): attention's matmul
     FLOPs per token with and without the window, beside the model's, and the speed-up."""
-    m = ctx["model"]
-    per_token = ctx["flops"].get("per_token")
-    if not per_token:
-        return []
-    T, L, d = m["seq_len"], m["n_layers"], m["d_model"]
+    m, vocab = ctx["model"], ctx["tokens"]["vocab_size"]
     out = []
     for r in ctx["increments"]:
         w = next((t["window"] for t in ctx["techniques"] if t["name"] == r["technique"]), None)
         if r["knob"] != "attention" or w is None:
             continue
-        keys = (sum(min(i + 1, w) for i in range(T))) / T  # keys a query sees on average
-        full, windowed = 12 * L * d * (T + 1) / 2, 12 * L * d * keys
+        full = attention_flops_per_token(m, None)
         out.append(
             {"technique": r["technique"], "over": r["over"], "window": w, "speedup": r["speedup"],
-             "full_mflop": full / 1e6, "window_mflop": windowed / 1e6,
-             "per_token_gflop": per_token / 1e9, "share": full / per_token,
+             "full_mflop": full / 1e6, "window_mflop": attention_flops_per_token(m, w) / 1e6,
+             "per_token_gflop": flops_per_token(m, vocab, None) / 1e9,
+             "share": full / flops_per_token(m, vocab, None),
              "no_saving": abs(r["memory_reduction_pct"]) < 1}
         )  # fmt: skip
     return out

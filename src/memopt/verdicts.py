@@ -174,25 +174,22 @@ def _controls(rows: list[dict], by_name: dict, techniques: dict) -> list[dict]:
     the same precision (same initialization and batches). Where such a pair stays within the
     tolerance, the check cannot tell another function from the same one at this length."""
     refs = [r for r in rows if r["ok"] is None]
+    precision = {r["technique"]: techniques[r["technique"]]["precision"] for r in refs}
     out = []
-    for r in refs:
+    for i, r in enumerate(refs):
         other = next(
             (
                 o
-                for o in refs
-                if o is not r
-                and o["function"] != r["function"]
-                and techniques[o["technique"]]["precision"]
-                == techniques[r["technique"]]["precision"]
-                and refs.index(o) < refs.index(r)
+                for o in refs[:i]
+                if o["function"] != r["function"]
+                and precision[o["technique"]] == precision[r["technique"]]
             ),
             None,
         )
-        mine, theirs = (
-            by_name[r["technique"]]["losses"],
-            by_name[other["technique"]]["losses"] if other else None,
-        )
-        if other is None or len(mine) != len(theirs):
+        if other is None:
+            continue
+        mine, theirs = by_name[r["technique"]]["losses"], by_name[other["technique"]]["losses"]
+        if len(mine) != len(theirs):
             continue
         diff = max(abs(a - b) for a, b in zip(mine, theirs))
         out.append(
