@@ -8,6 +8,7 @@
 #     MEMOPT_GIT_COMMIT=<sha> bash tools/gpu_study.sh start DEADLINE_S   # restore, launch
 #     bash tools/gpu_study.sh wait SECONDS                              # progress, at most SECONDS
 #     bash tools/gpu_study.sh save                                      # state -> $OUT/state.tar.gz
+#     MEMOPT_GIT_COMMIT=<sha> bash tools/gpu_study.sh cells BATCH       # every technique at BATCH
 #   Here, between machines: mkdir -p .study && cp <files_at>/state.tar.gz .study/
 #
 # .whl: wheels the GPU image lacks (../shared/hooks/device-wheels.sh); .corpus: speakleash.json and
@@ -165,8 +166,20 @@ case ${1:-} in
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
     ls -la "$OUT"
     ;;
+  cells)  # every technique of the config at one batch, e.g. the other GPU's: $OUT/cells/T/B.json
+    setup
+    mkdir -p "$OUT/cells"
+    smk data/tokens/meta.json > /tmp/study-data.log 2>&1 || { tail -30 /tmp/study-data.log; exit 1; }
+    nvidia-smi -L | tee "$OUT/cells/device.txt"
+    for t in $(python3 -c "import yaml; print(*yaml.safe_load(open('$CONFIGFILE'))['techniques'])"); do
+      MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
+        python3 -m memopt.cli cell "$t" "${2:?usage: $0 cells BATCH}" --config "$CONFIGFILE" \
+        --out "$OUT/cells/$t/$2.json" > "$OUT/cells/$t.log" 2>&1
+      tail -1 "$OUT/cells/$t.log"
+    done
+    ;;
   *)
-    echo "usage: $0 start DEADLINE_S | wait SECONDS | save" >&2
+    echo "usage: $0 start DEADLINE_S | wait SECONDS | save | cells BATCH" >&2
     exit 2
     ;;
 esac
