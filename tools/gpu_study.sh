@@ -177,6 +177,7 @@ case ${1:-} in
         --out "$OUT/cells/$t/$2.json" > "$OUT/cells/$t.log" 2>&1
       tail -1 "$OUT/cells/$t.log"
     done
+    tar czf "$OUT/cells.tar.gz" -C "$OUT" cells && rm -rf "$OUT/cells"  # one file comes back
     ;;
   *)
     echo "usage: $0 start DEADLINE_S | wait SECONDS | save | cells BATCH" >&2
