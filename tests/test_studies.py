@@ -20,7 +20,7 @@ from memopt.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every study with a paper rendered by this code (the other folders are reports of their own).
-STUDIES = ["h100-default", "h100-protocol-v2"]
+STUDIES = ["h100-default", "h200-default", "h100-protocol-v2"]
 pytestmark = pytest.mark.slow
 
 
@@ -138,13 +138,16 @@ def test_title_and_abstract_state_the_findings_with_seed_spreads(rendered):
 
 def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, rendered, tmp_path):
     """The committed PDF: every figure is on a page before the configuration appendix; and the
-    LaTeX, compiled here, overflows no line by more than 12 pt (long hashes used to run off)."""
+    LaTeX, compiled here, has no error, gives the committed PDF's text and overflows no line by
+    more than 12 pt (long hashes used to run off)."""
     import subprocess  # pdftotext (poppler-utils) and pdflatex: .ci/run installs both
 
-    text = subprocess.run(
-        ["pdftotext", "-layout", str(study / "paper" / "paper.pdf"), "-"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    def pdftotext(pdf: Path) -> str:
+        return subprocess.run(
+            ["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True
+        ).stdout
+
+    text = pdftotext(study / "paper" / "paper.pdf")
     pages = text.split("\f")
     appendix = next(i for i, p in enumerate(pages) if re.search(r"^B\s+The configuration", p, re.M))
     figures = [i for i, p in enumerate(pages) for _ in re.finditer(r"Figure \d+:", p)]
@@ -157,5 +160,11 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
             cwd=build, capture_output=True, timeout=300,
         )  # fmt: skip
     log = (build / "paper.log").read_text(errors="replace")
+    assert (
+        re.findall(r"^!.*", log, re.M) == []
+    )  # nonstopmode goes on past errors (a ≥ it did not know)
+    assert (
+        pdftotext(build / "paper.pdf") == text
+    )  # the committed PDF is this .tex's, not an older one
     over = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert over == [] or max(over) <= 12, over

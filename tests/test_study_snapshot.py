@@ -3,6 +3,7 @@ job `ok`, and the README's tables are what tools/study_report.py prints from the
 (tests/test_studies.py checks that their papers are what their results render to.)"""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from memopt.verdicts import exactness
 
 ROOT = Path(__file__).resolve().parents[1]
 # The default study (config.yaml) as published, per GPU model.
-DEFAULT_STUDIES = {"h100-default": "NVIDIA H100 80GB HBM3"}
+DEFAULT_STUDIES = {"h100-default": "NVIDIA H100 80GB HBM3", "h200-default": "NVIDIA H200"}
 
 
 def _report(*names: str) -> str:
@@ -58,17 +59,64 @@ def test_the_run_meets_its_bar(name):
     assert check["holds"] and len(check["rows"]) == len(config["techniques"])  # shared functions
 
 
-def test_readme_headline_table_is_the_h100_study():
+def _readme_blocks() -> dict[str, str]:
+    """The README's generated tables: `<!-- KIND: ... study_report.py studies/A [studies/B] -->`
+    then the table, keyed by the command's study names."""
     text = (ROOT / "README.md").read_text()
-    block = text.split("<!-- headline:", 1)[1].split("-->", 1)[1].strip().split("\n\n", 1)[0]
-    report = _report("h100-default").split("\n\n")[1]
-    assert block == report.strip()
+    found = re.findall(
+        r"<!-- \w+: [^`]*`python tools/study_report.py ([^`]+)` -->\n(.+?)\n\n", text, re.S
+    )
+    return {" ".join(Path(p).name for p in cmd.split()): table for cmd, table in found}
+
+
+def test_readme_headline_tables_are_the_studies():
+    blocks = _readme_blocks()
+    for name in DEFAULT_STUDIES:
+        assert blocks[name] == _report(name).split("\n\n")[1].strip()
     # and the tool reads the numbers it prints from the summary (one cell re-derived here)
     summary = pd.read_csv(ROOT / "studies/h100-default/results/summary.csv")
     flash = summary[(summary.technique == "flash") & (summary.batch_entry == "same")].iloc[0]
     base = summary[(summary.technique == "baseline") & (summary.batch_entry == "same")].iloc[0]
-    row = next(r for r in block.splitlines() if r.startswith("| `flash` |"))
+    row = next(r for r in blocks["h100-default"].splitlines() if r.startswith("| `flash` |"))
     assert f"| {flash.tokens_per_s:,.0f} | {flash.tokens_per_s / base.tokens_per_s:.2f}x |" in row
+
+
+def test_readme_compares_the_two_gpus_as_the_tool_does():
+    """The cross-GPU table is study_report's, and its same-batch column is the H200's extra cells
+    at the H100's baseline batch (one re-derived here)."""
+    pair = " ".join(DEFAULT_STUDIES)
+    assert _readme_blocks()[pair] == _report(*DEFAULT_STUDIES).split("\n\n")[-1].strip()
+    h200 = json.loads((ROOT / "studies/h200-default/same-batch/cells/flash/50.json").read_text())
+    row = next(r for r in _readme_blocks()[pair].splitlines() if r.startswith("| `flash` |"))
+    assert f" / {h200['tokens_per_s']:,.0f} (" in row.split("|")[-3]
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in DEFAULT_STUDIES if (ROOT / "studies" / n / "same-batch").exists()]
+)
+def test_same_batch_cells_ran_every_technique_on_the_study_gpu_model(name):
+    """A study's extra cells (tools/gpu_study.sh cells BATCH): every technique of the config at the
+    other study's baseline batch, on one GPU of the study's model, from one commit, all ok."""
+    cells = [
+        json.loads(p.read_text())
+        for p in (ROOT / "studies" / name).glob("same-batch/cells/*/*.json")
+    ]
+    default = yaml.safe_load((ROOT / "config.yaml").read_text())
+    assert sorted(c["technique"] for c in cells) == sorted(default["techniques"])
+    assert {c["status"] for c in cells} == {"ok"}
+    assert {c["device_name"] for c in cells} == {DEFAULT_STUDIES[name]}
+    assert len({c["provenance"]["gpu_uuid"] for c in cells}) == 1
+    assert len({c["provenance"]["git_commit"] for c in cells}) == 1
+    others = [n for n in DEFAULT_STUDIES if n != name]
+    batches = {
+        int(
+            pd.read_csv(ROOT / "studies" / n / "results/summary.csv")
+            .query("technique == 'baseline'")["batch_size"]
+            .iloc[0]
+        )
+        for n in others
+    }
+    assert {c["batch_size"] for c in cells} <= batches
 
 
 def test_two_studies_side_by_side_with_a_figure(tmp_path):
@@ -87,3 +135,9 @@ def test_two_studies_side_by_side_with_a_figure(tmp_path):
     ratio = b.loc[("flash", "max"), "tokens_per_s"] / a.loc[("flash", "max"), "tokens_per_s"]
     assert f"({ratio:.2f}x)" in rows["flash"]
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_studies_index_lists_every_published_study():
+    index = (ROOT / "studies" / "README.md").read_text()
+    folders = {p.name for p in (ROOT / "studies").iterdir() if p.is_dir()}
+    assert folders == set(re.findall(r"\[`([\w-]+)/`\]", index))

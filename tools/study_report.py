@@ -7,6 +7,12 @@ job time.
 
 With two studies and --figure, it also draws the comparison: per technique, the maximum batch and
 the tokens/s at it on each GPU.
+
+A study's baseline batch is its GPU's (50 sequences on 80 GB, 90 on 141 GB), so its `same` cells
+do not compare two GPUs at one batch. A study may hold extra cells for that, measured after it by
+`tools/gpu_study.sh cells BATCH` on the same GPU model: STUDY/same-batch/cells/TECHNIQUE/BATCH.json.
+When the second study has them at the first one's baseline batch, the comparison adds the tokens/s
+of both GPUs at that one batch, and the speed ranks there.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def load(study: Path) -> dict:
     )
     (gpu,) = set(cells["device_name"])  # a published study ran on one GPU model (its test)
     searches = [json.loads(p.read_text()) for p in (study / "results" / "search").glob("*.json")]
+    extra = [json.loads(p.read_text()) for p in study.glob("same-batch/cells/*/*.json")]
     return {
         "name": study.name,
         "cells": cells.set_index(["technique", "batch_entry"]),
@@ -39,6 +46,11 @@ def load(study: Path) -> dict:
         "job_s": job_s,
         # a maximum found at the search's cap is a lower bound
         "capped": {s["technique"] for s in searches if s.get("status") == "capped"},
+        # tokens/s of the extra cells at a fixed batch: {batch: {technique: tokens/s}}
+        "at_batch": {
+            b: {c["technique"]: c["tokens_per_s"] for c in extra if c["batch_size"] == b}
+            for b in {c["batch_size"] for c in extra if c["status"] == "ok"}
+        },
     }
 
 
@@ -67,24 +79,55 @@ def headline(s: dict) -> list[str]:
 
 
 def side_by_side(a: dict, b: dict) -> list[str]:
+    """Per technique both ran: maximum batch, tokens/s at it and the speed rank there, the
+    cudaMalloc retries at it (steps that hit the allocator's slow path), and the tokens/s at each
+    study's baseline batch; at one batch on both GPUs when the second study has cells for it."""
     ca, cb = a["cells"], b["cells"]
-    ra = _ranks(ca, a["order"])
-    rb = _ranks(cb, b["order"])
+    common = [t for t in a["order"] if t in b["order"]]
+    ra, rb = (
+        _ranks({t: s["cells"].loc[(t, "max"), "tokens_per_s"] for t in common}) for s in (a, b)
+    )
+    batch, one = same_batch(a, b, common)
+    r1a, r1b = (_ranks(one[0]), _ranks(one[1])) if one else ({}, {})
     rows = [
-        f"| technique | max batch ({a['name']} / {b['name']}) | tokens/s at max ({a['name']} / "
-        f"{b['name']}, ratio) | tokens/s at the baseline's batch (ratio) | speed rank |",
-        "|---|---:|---:|---:|---:|",
+        f"| technique | max batch ({a['name']} / {b['name']}) | tokens/s at max (ratio) | speed "
+        "rank at max | cudaMalloc retries at max (steps run) | tokens/s at each baseline's batch "
+        f"({batch} / {cb.loc[('baseline', 'same'), 'batch_size']}) |"
+        + (f" tokens/s at {batch} on both (ratio) | speed rank at {batch} |" if one else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if one else ""),
     ]
-    for t in [t for t in a["order"] if t in b["order"]]:
+    for t in common:
         ma, mb = ca.loc[(t, "max")], cb.loc[(t, "max")]
         sa, sb = ca.loc[(t, "same")], cb.loc[(t, "same")]
         rows.append(
             f"| `{t}` | {_batch(a, t)} / {_batch(b, t)} | {ma['tokens_per_s']:,.0f} / "
             f"{mb['tokens_per_s']:,.0f} ({mb['tokens_per_s'] / ma['tokens_per_s']:.2f}x) | "
-            f"{sa['tokens_per_s']:,.0f} / {sb['tokens_per_s']:,.0f} "
-            f"({sb['tokens_per_s'] / sa['tokens_per_s']:.2f}x) | {ra[t]} / {rb[t]} |"
+            f"{ra[t]} / {rb[t]} | {_retries(ma)} / {_retries(mb)} | "
+            f"{sa['tokens_per_s']:,.0f} / {sb['tokens_per_s']:,.0f} |"
+            + (
+                f" {one[0][t]:,.0f} / {one[1][t]:,.0f} ({one[1][t] / one[0][t]:.2f}x) | "
+                f"{r1a[t]} / {r1b[t]} |"
+                if one
+                else ""
+            )
         )
     return rows
+
+
+def same_batch(a: dict, b: dict, common: list[str]) -> tuple[int, tuple[dict, dict] | None]:
+    """The first study's baseline batch, and the tokens/s of both GPUs at it (first, second),
+    where the second study has same-batch cells for every technique both ran (else None)."""
+    batch = int(a["cells"].loc[("baseline", "same"), "batch_size"])
+    at_b = b["at_batch"].get(batch, {})
+    if batch == b["cells"].loc[("baseline", "same"), "batch_size"]:
+        at_b = {t: b["cells"].loc[(t, "same"), "tokens_per_s"] for t in common}
+    if not all(t in at_b for t in common):
+        return batch, None
+    return batch, ({t: a["cells"].loc[(t, "same"), "tokens_per_s"] for t in common}, at_b)
+
+
+def _retries(cell: pd.Series) -> str:
+    return f"{cell['allocator_alloc_retries']:.0f} ({cell['steps']:.0f})"
 
 
 def _batch(s: dict, technique: str) -> str:
@@ -92,23 +135,26 @@ def _batch(s: dict, technique: str) -> str:
     return f"≥ {size}" if technique in s["capped"] else f"{size}"
 
 
-def _ranks(cells: pd.DataFrame, order: list[str]) -> dict:
-    """Rank by tokens/s at the technique's own maximum batch (1 = fastest)."""
-    speed = sorted(order, key=lambda t: -cells.loc[(t, "max"), "tokens_per_s"])
-    return {t: speed.index(t) + 1 for t in order}
+def _ranks(speed: dict) -> dict:
+    """Rank by tokens/s (1 = fastest)."""
+    order = sorted(speed, key=lambda t: -speed[t])
+    return {t: order.index(t) + 1 for t in speed}
 
 
 def figure(a: dict, b: dict, path: Path) -> None:
-    """Two panels, one bar per GPU for each technique both studies ran: the maximum batch (log
-    scale, hatched where the search stopped at its cap) and the tokens/s at it."""
+    """One bar per GPU for each technique both studies ran: the maximum batch (log scale, hatched
+    where the search stopped at its cap), the tokens/s at it and, where the second study has
+    same-batch cells, the tokens/s of both GPUs at the first one's baseline batch."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
     common = [t for t in a["order"] if t in b["order"]]
-    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
-    batch_ax, speed_ax = fig.subplots(1, 2)
+    batch, one = same_batch(a, b, common)
+    fig = Figure(figsize=(13.0 if one else 9.0, 3.6), layout="constrained")
+    axes = fig.subplots(1, 3 if one else 2)
+    batch_ax, speed_ax = axes[:2]
     for k, (s, color) in enumerate(((a, "#4C72B0"), (b, "#DD8452"))):
         x = [i + (k - 0.5) * 0.4 for i in range(len(common))]
         batches = [s["cells"].loc[(t, "max"), "batch_size"] for t in common]
@@ -119,13 +165,18 @@ def figure(a: dict, b: dict, path: Path) -> None:
         batch_ax.bar_label(bars, fontsize=6)
         speeds = [s["cells"].loc[(t, "max"), "tokens_per_s"] / 1000 for t in common]
         speed_ax.bar_label(speed_ax.bar(x, speeds, 0.4, color=color), fmt="%.0f", fontsize=6)
+        if one:
+            at = [one[k][t] / 1000 for t in common]
+            axes[2].bar_label(axes[2].bar(x, at, 0.4, color=color), fmt="%.0f", fontsize=6)
     every = [s["cells"].loc[(t, "max"), "batch_size"] for s in (a, b) for t in common]
     if max(every) > 10 * min(every):  # the maxima span decades
         batch_ax.set_yscale("log")
         batch_ax.set_ylim(bottom=1)
     batch_ax.set_title("maximum batch (sequences; hatched: at the search's cap)", fontsize=9)
     speed_ax.set_title("thousand tokens/s at the maximum batch", fontsize=9)
-    for ax in (batch_ax, speed_ax):
+    if one:
+        axes[2].set_title(f"thousand tokens/s at {batch} sequences on both", fontsize=9)
+    for ax in axes:
         ax.set_xticks(range(len(common)), common, rotation=30, ha="right", fontsize=8)
     fig.legend(loc="outside lower center", ncol=2, fontsize=8)
     fig.savefig(path, dpi=150)

@@ -45,12 +45,29 @@ _TEX_SPECIAL = {
     "^": r"\textasciicircum{}",
 }
 
-_TEX_RE = re.compile("|".join(re.escape(c) for c in _TEX_SPECIAL))
+# Characters the paper may use that pdflatex's utf8 input does not know (or sets badly): tex()
+# replaces them in its one pass, so a value in a table is as safe as the prose.
+_TEX_UNICODE = {
+    "×": r"$\times$",
+    "±": r"$\pm$",
+    "≈": r"$\approx$",
+    "→": r"$\rightarrow$",
+    "≤": r"$\leq$",
+    "≥": r"$\geq$",
+    "²": r"$^2$",
+    "·": r"$\cdot$",
+    "Δ": r"$\Delta$",
+    "−": "-",
+    "…": r"\dots{}",
+}
+
+_TEX_CHARS = {**_TEX_SPECIAL, **_TEX_UNICODE}
+_TEX_RE = re.compile("|".join(map(re.escape, _TEX_CHARS)))
 
 
 def tex(value) -> str:
     """Escape LaTeX special characters in one pass (so the backslashes we add stay intact)."""
-    return "n/a" if value is None else _TEX_RE.sub(lambda m: _TEX_SPECIAL[m.group()], str(value))
+    return "n/a" if value is None else _TEX_RE.sub(lambda m: _TEX_CHARS[m.group()], str(value))
 
 
 def tex_name(value) -> str:

@@ -17,21 +17,6 @@ from memopt.paper_mechanisms import logits_fp32_mib, peak_parts
 
 SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")
 
-# Characters the prose may use that pdflatex's utf8 input does not know (or sets badly).
-_TEX_UNICODE = {
-    "×": r"$\times$",
-    "±": r"$\pm$",
-    "≈": r"$\approx$",
-    "→": r"$\rightarrow$",
-    "≤": r"$\leq$",
-    "≥": r"$\geq$",
-    "²": r"$^2$",
-    "·": r"$\cdot$",
-    "Δ": r"$\Delta$",
-    "−": "-",
-    "…": r"\dots{}",
-}
-_UNICODE_RE = re.compile("|".join(map(re.escape, _TEX_UNICODE)))
 _CODE_RE = re.compile(r"`([^`]+)`")
 _BOLD_RE = re.compile(r"\*\*(.+?)\*\*")
 _EM_RE = re.compile(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")
@@ -58,7 +43,6 @@ def md_to_tex(text: str) -> str:
     out = tex(_CODE_RE.sub(aside, text))
     out = _BOLD_RE.sub(r"\\textbf{\1}", out)
     out = _EM_RE.sub(r"\\emph{\1}", out)
-    out = _UNICODE_RE.sub(lambda m: _TEX_UNICODE[m.group()], out)
     return re.sub("\0(\\d+)\0", lambda m: codes[int(m.group(1))], out)
 
 
