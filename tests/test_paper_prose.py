@@ -113,7 +113,32 @@ def test_the_story_derives_its_numbers_from_the_results(context):
         same = _cell(context, c["technique"])
         if c["batch_entry"] == "max" and not c.get("measured_as") and c["batch_size"] > 50:
             ratios.append(c["tokens_per_s"] / same["tokens_per_s"] - 1)
-    assert s["batch_speed"] == {"lo": min(ratios), "hi": max(ratios), "n": len(ratios)}
+    speed = s["batch_speed"]
+    assert {k: speed[k] for k in ("lo", "hi", "n", "threshold")} == {
+        "lo": min(ratios),
+        "hi": max(ratios),
+        "n": len(ratios),
+        "threshold": 0.05,
+    }
+    assert speed["gainers"] == [] and max(ratios) < 0.05  # this study: none gains 5%
+
+
+def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):
+    """+20% at the larger batch is a gain when the two cells' intervals are narrow, not when
+    they are wide enough to hold it."""
+    from memopt.paper_prose import _batch_speed
+
+    def with_flash_max(rel_ci):
+        cells = [dict(c) for c in context["cells"]]
+        same = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "same")
+        top = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "max")
+        top["tokens_per_s"] = 1.2 * same["tokens_per_s"]
+        same["step_time_ms_rel_ci95"] = top["step_time_ms_rel_ci95"] = rel_ci
+        return _batch_speed(cells)["gainers"]
+
+    (gain,) = with_flash_max(0.01)
+    assert gain["technique"] == "flash" and gain["change"] == pytest.approx(0.2)
+    assert with_flash_max(0.1) == []
 
 
 def test_the_story_leaves_out_what_the_data_does_not_show(context):

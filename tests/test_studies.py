@@ -127,6 +127,16 @@ def test_title_and_abstract_state_the_findings_with_seed_spreads(rendered):
     fast = same.loc[same["tokens_per_s"].idxmax()]
     base = same[same["technique"] == "baseline"].iloc[0]
     assert f"`{fast.technique}` runs {fast.tokens_per_s / base.tokens_per_s:.1f}× faster" in title
+    # a technique within the two cells' 95% intervals of the fastest is named beside it
+    rel = same["step_time_ms_rel_ci95"] + fast.step_time_ms_rel_ci95
+    near = same[
+        (same.technique != fast.technique)
+        & ((fast.tokens_per_s - same.tokens_per_s) <= rel * fast.tokens_per_s)
+    ]
+    assert ("within noise" in title) == (len(near) > 0)
+    for t in near.itertuples():
+        assert f"`{t.technique}`" in title.split("faster than FP32")[1]
+        assert f"`{t.technique}` ({t.tokens_per_s:,.0f})" in abstract
     low = same.loc[same["peak_allocated_mib"].idxmin()]
     saved = 100 * (1 - low.peak_allocated_mib / base.peak_allocated_mib)
     assert f"{low.peak_allocated_mib:,.0f} MiB ({saved:.1f}% below" in abstract

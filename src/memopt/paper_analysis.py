@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from memopt.flops import flops_per_token, recompute_flops_per_token
 from memopt.paper_reference import ratio
-from memopt.results import LATER_SPEC_KEYS, SPEC_KEYS, entry_sort_key
+from memopt.results import LATER_SPEC_KEYS, SPEC_KEYS, entry_sort_key, within_noise
 
 # The knobs of a cell that decide its recomputation (summary.csv columns).
 _SPEC = ("checkpointing", "checkpoint_every", "window", "loss", "compile", "compile_memory_budget")
@@ -40,14 +40,6 @@ def _quality_by_technique(quality: dict) -> dict[str, dict]:
 
 def _ranked(best: dict[str, dict], key) -> list[dict]:
     return sorted(best.values(), key=key, reverse=True)
-
-
-def _within_ci(a: dict, b: dict) -> bool:
-    """Two cells' throughputs are within their step-time intervals of each other."""
-    rel = (a.get("step_time_ms_rel_ci95") or 0) + (b.get("step_time_ms_rel_ci95") or 0)
-    return abs(a["tokens_per_s"] - b["tokens_per_s"]) <= rel * max(
-        a["tokens_per_s"], b["tokens_per_s"]
-    )
 
 
 def _quality_words(row: dict | None) -> str:
@@ -133,7 +125,7 @@ def recommendations(
         lambda c: (
             f"{c['peak_allocated_mib']:,.0f} MiB peak; {_quality_words(q.get(c['technique']))}"
         ),
-        _within_ci,
+        within_noise,
     )
     same = _best_per_technique(cells, lambda c: -c["peak_allocated_mib"], entry="same")
     row(
@@ -152,7 +144,7 @@ def recommendations(
             + _loss_with_spread(q[c["technique"]]["val_loss"])
         ),
         lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak at batch {c['batch_size']:,}",
-        _within_ci,
+        within_noise,
     )
     return rows
 
@@ -238,6 +230,8 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
         base_tps = base["tokens_per_s"] if base else None
         result["fastest"] = {
             "technique": fast["technique"],
+            # the others whose throughput is within the two cells' 95% intervals of it
+            "tied": [c for c in ok if c is not fast and within_noise(c, fast)],
             "tokens_per_s": fast["tokens_per_s"],
             "baseline_tokens_per_s": base_tps,
             "speedup": ratio(fast["tokens_per_s"], base_tps),

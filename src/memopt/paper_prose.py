@@ -14,6 +14,7 @@ import jinja2
 from memopt.flops import attention_flops_per_token, flops_per_token
 from memopt.paper_format import tex
 from memopt.paper_mechanisms import logits_fp32_mib, peak_parts
+from memopt.results import within_noise
 
 SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")
 
@@ -105,11 +106,16 @@ def _knobs(techniques: list[dict], baseline: str) -> list[dict]:
     return out
 
 
+# A larger batch's gain in throughput worth naming (and beyond the two cells' 95% intervals).
+GAIN = 0.05
+
+
 def _batch_speed(cells: list[dict]) -> dict | None:
-    """How throughput changes from the `same` batch to each technique's own maximum batch."""
+    """How throughput changes from the `same` batch to each technique's own maximum batch, and
+    which techniques gain from it beyond noise."""
     same = _same(cells)
     ratios = [
-        (c["technique"], c["tokens_per_s"] / same[c["technique"]]["tokens_per_s"] - 1)
+        (c, c["tokens_per_s"] / same[c["technique"]]["tokens_per_s"] - 1)
         for c in cells
         if c["batch_entry"] == "max"
         and c["status"] == "ok"
@@ -123,6 +129,12 @@ def _batch_speed(cells: list[dict]) -> dict | None:
         "lo": min(r for _, r in ratios),
         "hi": max(r for _, r in ratios),
         "n": len(ratios),
+        "threshold": GAIN,
+        "gainers": [
+            {"technique": c["technique"], "change": r}
+            for c, r in ratios
+            if r >= GAIN and not within_noise(c, same[c["technique"]])
+        ],
     }
 
 

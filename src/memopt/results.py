@@ -139,6 +139,9 @@ def cell_row(cell: dict) -> dict:
     times = cell.get("step_times_ms") or []
     row["step_time_ms_median_lo"], row["step_time_ms_median_hi"] = median_interval(times)
     row["unstable"] = instability(times)
+    retries = (cell.get("allocator_events") or {}).get("alloc_retries")
+    if row["unstable"] and retries:  # the slow path the spread comes from, when it was taken
+        row["unstable"] += f"; cudaMalloc retried {retries} times in its {cell['steps']} steps"
     for key in SUMMARY_COLUMNS:
         if key in row:
             continue
@@ -285,6 +288,14 @@ def _describe(cell: dict, keys: list[str]) -> str:
     return " + ".join(parts)
 
 
+def within_noise(a: dict, b: dict) -> bool:
+    """Two cells' throughputs are within their step-time 95% intervals (added) of each other."""
+    rel = (a.get("step_time_ms_rel_ci95") or 0) + (b.get("step_time_ms_rel_ci95") or 0)
+    return abs(a["tokens_per_s"] - b["tokens_per_s"]) <= rel * max(
+        a["tokens_per_s"], b["tokens_per_s"]
+    )
+
+
 def incremental_effects(cells: list[dict]) -> list[dict]:
     """At the `same` batch, every pair of techniques whose knobs differ in exactly one group
     (precision, attention kernel/window, checkpointing, compile): the effect of that change, from
@@ -311,6 +322,7 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
                     "over": base_name,
                     "knob": groups[0],
                     "change": f"{_describe(base, keys)} → {_describe(cell, keys)}",
+                    "within_noise": within_noise(cell, base),
                     **_change(cell, base),
                 }
             )
