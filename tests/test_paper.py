@@ -135,7 +135,7 @@ def test_unstable_cells_are_flagged_with_the_reason(study):
     # the slow path the unsteady steps come from, when the allocator took it (2 retries here)
     assert (
         "`local128` (max, batch 24): first 3 timed steps +40% off the rest; "
-        "cudaMalloc retried 2 times in its 12 steps." in text
+        "cudaMalloc retried 2 times in its 10 timed steps." in text
     )
 
 

@@ -80,7 +80,7 @@ def headline(s: dict) -> list[str]:
 
 def side_by_side(a: dict, b: dict) -> list[str]:
     """Per technique both ran: maximum batch, tokens/s at it and the speed rank there, the
-    cudaMalloc retries at it (steps that hit the allocator's slow path), and the tokens/s at each
+    cudaMalloc retries over its timed steps (the allocator's slow path), and the tokens/s at each
     study's baseline batch; at one batch on both GPUs when the second study has cells for it."""
     ca, cb = a["cells"], b["cells"]
     common = [t for t in a["order"] if t in b["order"]]
@@ -91,7 +91,7 @@ def side_by_side(a: dict, b: dict) -> list[str]:
     r1a, r1b = (_ranks(one[0]), _ranks(one[1])) if one else ({}, {})
     rows = [
         f"| technique | max batch ({a['name']} / {b['name']}) | tokens/s at max (ratio) | speed "
-        "rank at max | cudaMalloc retries at max (steps run) | tokens/s at each baseline's batch "
+        "rank at max | cudaMalloc retries at max (timed steps) | tokens/s at each baseline's batch "
         f"({batch} / {cb.loc[('baseline', 'same'), 'batch_size']}) |"
         + (f" tokens/s at {batch} on both (ratio) | speed rank at {batch} |" if one else ""),
         "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if one else ""),
@@ -127,7 +127,7 @@ def same_batch(a: dict, b: dict, common: list[str]) -> tuple[int, tuple[dict, di
 
 
 def _retries(cell: pd.Series) -> str:
-    return f"{cell['allocator_alloc_retries']:.0f} ({cell['steps']:.0f})"
+    return f"{cell['allocator_alloc_retries']:.0f} ({cell['timed_steps']:.0f})"
 
 
 def _batch(s: dict, technique: str) -> str:

@@ -141,7 +141,9 @@ def cell_row(cell: dict) -> dict:
     row["unstable"] = instability(times)
     retries = (cell.get("allocator_events") or {}).get("alloc_retries")
     if row["unstable"] and retries:  # the slow path the spread comes from, when it was taken
-        row["unstable"] += f"; cudaMalloc retried {retries} times in its {cell['steps']} steps"
+        times_word = "once" if retries == 1 else f"{retries} times"
+        timed = cell.get("timed_steps") or len(times)
+        row["unstable"] += f"; cudaMalloc retried {times_word} in its {timed} timed steps"
     for key in SUMMARY_COLUMNS:
         if key in row:
             continue
