@@ -136,7 +136,7 @@ def test_title_and_abstract_state_the_findings_with_seed_spreads(rendered):
     assert ("within noise" in title) == (len(near) > 0)
     for t in near.itertuples():
         assert f"`{t.technique}`" in title.split("faster than FP32")[1]
-        assert f"`{t.technique}` ({t.tokens_per_s:,.0f})" in abstract
+        assert f"`{t.technique}` ({t.tokens_per_s:,.0f} tokens/s)" in abstract
     low = same.loc[same["peak_allocated_mib"].idxmin()]
     saved = 100 * (1 - low.peak_allocated_mib / base.peak_allocated_mib)
     assert f"{low.peak_allocated_mib:,.0f} MiB ({saved:.1f}% below" in abstract

@@ -175,7 +175,9 @@ def figure(a: dict, b: dict, path: Path) -> None:
     batch_ax.set_title("maximum batch (sequences; hatched: at the search's cap)", fontsize=9)
     speed_ax.set_title("thousand tokens/s at the maximum batch", fontsize=9)
     if one:
-        axes[2].set_title(f"thousand tokens/s at {batch} sequences on both", fontsize=9)
+        extra = batch != b["cells"].loc[("baseline", "same"), "batch_size"]  # another run's
+        note = f"\n({b['name']}: its same-batch cells, another run)" if extra else ""
+        axes[2].set_title(f"thousand tokens/s at {batch} sequences on both{note}", fontsize=9)
     for ax in axes:
         ax.set_xticks(range(len(common)), common, rotation=30, ha="right", fontsize=8)
     fig.legend(loc="outside lower center", ncol=2, fontsize=8)
