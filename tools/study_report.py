@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from memopt.results import capped_techniques
+
 
 def load(study: Path) -> dict:
     """A study's cells (indexed by technique and batch entry), its quality runs per function, its
@@ -45,7 +47,7 @@ def load(study: Path) -> dict:
         "gpu": gpu,
         "job_s": job_s,
         # a maximum found at the search's cap is a lower bound
-        "capped": {s["technique"] for s in searches if s.get("status") == "capped"},
+        "capped": capped_techniques(searches),
         # tokens/s of the extra cells at a fixed batch: {batch: {technique: tokens/s}}
         "at_batch": {
             b: {c["technique"]: c["tokens_per_s"] for c in extra if c["batch_size"] == b}

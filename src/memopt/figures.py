@@ -42,6 +42,7 @@ from memopt.figures_style import (
 from memopt.paper_mechanisms import peak_parts
 from memopt.results import (
     FIGURE_NAMES,
+    capped_techniques,
     entry_sort_key,
     pareto,
     read_json,
@@ -343,9 +344,7 @@ def make_figures(
         "tradeoff": lambda: _tradeoff_figure(summary),
         "memory_saved": lambda: _memory_saved_figure(summary, baseline),
         "phases": lambda: _phases_figure(summary),
-        "max_batch": lambda: _max_batch_figure(
-            summary, frozenset(s["technique"] for s in searches if s.get("status") == "capped")
-        ),
+        "max_batch": lambda: _max_batch_figure(summary, capped_techniques(searches)),
         "memory_batch": lambda: _memory_batch_figure(summary, searches),
         "speed_batch": lambda: _speed_batch_figure(summary),
         "windows": lambda: _windows_figure(summary),

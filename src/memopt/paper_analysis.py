@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from memopt.flops import flops_per_token, recompute_flops_per_token
 from memopt.paper_reference import ratio
-from memopt.results import LATER_SPEC_KEYS, SPEC_KEYS, entry_sort_key, within_noise
+from memopt.results import (
+    LATER_SPEC_KEYS,
+    SPEC_KEYS,
+    capped_techniques,
+    entry_sort_key,
+    within_noise,
+)
 
 # The knobs of a cell that decide its recomputation (summary.csv columns).
 _SPEC = ("checkpointing", "checkpoint_every", "window", "loss", "compile", "compile_memory_budget")
@@ -243,7 +249,7 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
         base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
         base_max = max(base_batches) if base_batches else None
         status = {s["technique"]: s["status"] for s in searches}
-        capped = {s["technique"] for s in searches if s["status"] == "capped"}
+        capped = capped_techniques(searches)
         # Techniques whose searches stopped at the same cap tie: none is known to train more.
         tied = [
             c["technique"]

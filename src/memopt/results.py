@@ -290,6 +290,11 @@ def _describe(cell: dict, keys: list[str]) -> str:
     return " + ".join(parts)
 
 
+def capped_techniques(searches: list[dict]) -> frozenset:
+    """The techniques whose search stopped at its cap: their maximum is a lower bound."""
+    return frozenset(s["technique"] for s in searches if s.get("status") == "capped")
+
+
 def within_noise(a: dict, b: dict) -> bool:
     """Two cells' throughputs are within their step-time 95% intervals (added) of each other."""
     rel = (a.get("step_time_ms_rel_ci95") or 0) + (b.get("step_time_ms_rel_ci95") or 0)
