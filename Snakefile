@@ -14,7 +14,17 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/paper.smk"
 
 
+# Every result the paper is made of, not only the paper: Snakemake skips a missing intermediate
+# file when what is built from it looks up to date, so a result lost to a crash or deleted by hand
+# would stay lost. Asking for all of them makes a plain rerun rebuild whatever is missing.
 rule all:
     default_target: True
     input:
+        SEARCHES,
+        EXACTNESS,
+        CELLS,
+        QUALITY,
+        "results/summary.csv",
+        "results/quality.csv",
+        FIGURES,
         PAPER,

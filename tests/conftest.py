@@ -132,19 +132,26 @@ def make_speakleash_mirror(tmp_path):
     return make
 
 
+def write_random_tokens(folder: Path, train: int = 40_000, val: int = 4_000) -> Path:
+    """Token files of random ids below 300 (seeded) with a meta.json that matches them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rng.integers(0, 300, train).astype(np.uint16).tofile(folder / "train.bin")
+    rng.integers(0, 300, val).astype(np.uint16).tofile(folder / "val.bin")
+    meta = {"vocab_size": 300, "dtype": "uint16", "train_tokens": train, "val_tokens": val}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
 @pytest.fixture
 def tiny_study(tmp_path):
     """A tiny CPU study: (validated config, TokenData of random tokens written to tmp_path)."""
 
-    import numpy as np
-
     from memopt.config import validate_config
     from memopt.data import TokenData
 
-    rng = np.random.default_rng(0)
-    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(tmp_path / "train.bin")
-    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(tmp_path / "val.bin")
-    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    write_random_tokens(tmp_path)
     cfg = validate_config(
         {
             "device": "cpu",

@@ -4,9 +4,11 @@ fixture corpus served as a mirror, and the whole study run once per test session
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +53,7 @@ def workdir(tmp: Path, corpus: dict, techniques: list[str] | None = None) -> Pat
         "paper/templates",
         "paper/reference.yaml",
         "envs",
+        "profiles",
     ):
         src, dst = ROOT / part, tmp / part
         if src.is_dir():
@@ -84,6 +87,16 @@ def snakemake(wd: Path, *args, check=True) -> subprocess.CompletedProcess:
     return proc
 
 
+def unlock(wd: Path) -> str:
+    """The README's step after a kill -9: `memopt unlock` (refuses while a job still runs)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "memopt.cli", "unlock"], cwd=wd, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 def planned(wd: Path, *args) -> dict[str, int]:
     """Jobs a dry run would run, per rule (empty when there is nothing to do)."""
     proc = snakemake(wd, "-n", *args)
@@ -94,6 +107,78 @@ def planned(wd: Path, *args) -> dict[str, int]:
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M))
     jobs.pop("total", None)
     return {k: int(v) for k, v in jobs.items()}
+
+
+def running_job(wd: Path, since: float, log_glob: str, output: str, marker: str) -> Path | None:
+    """The output of a job of this kind that this run started and has not finished, if any."""
+    for log in sorted(glob.glob(str(wd / log_glob))):
+        log = Path(log)
+        try:
+            if log.stat().st_mtime < since or marker not in log.read_text(errors="replace"):
+                continue
+        except FileNotFoundError:
+            continue
+        out = wd / output.format(stem=log.stem, parent=log.parent.name)
+        if not out.exists():
+            return out
+    return None
+
+
+def start_study(wd: Path, *args) -> subprocess.Popen:
+    """The study's Snakemake run in the background, in a process group of its own; what it
+    prints goes to wd/snakemake-run.log."""
+    cmd, env = study_command(*args)
+    with open(wd / "snakemake-run.log", "w") as out:
+        return subprocess.Popen(
+            cmd, cwd=wd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def wait_for_job(proc: subprocess.Popen, wd: Path, since: float, points: list[tuple]):
+    """(kind, output) of the first job of one of `points` (name, log glob, output pattern, a
+    marker its log holds once it trains) that runs, checked every 20 ms."""
+    deadline = time.monotonic() + 600
+    while True:
+        for name, log_glob, output, marker in points:
+            if (out := running_job(wd, since, log_glob, output, marker)) is not None:
+                return name, out
+        assert proc.poll() is None, f"the study ended before any of {points} ran"
+        assert time.monotonic() < deadline, f"none of {points} started in 600 s"
+        time.sleep(0.02)
+
+
+def run_until_killed(wd: Path, points: list[tuple], *args, group: bool = True):
+    """Start the study (with `args`); SIGKILL its process group (or, group=False, the Snakemake
+    process alone) once a job of one of `points` runs (the earliest in the list, if several);
+    that job's kind and output."""
+    since = time.time() - 1  # file times may be coarser than time.time()
+    proc = start_study(wd, *args)
+    try:
+        name, out = wait_for_job(proc, wd, since, points)
+        (os.killpg if group else os.kill)(proc.pid, signal.SIGKILL)
+        return name, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def results(wd: Path) -> set[str]:
+    """Every file the study makes (not the templates it was given, not speakleash's download
+    cache, whose names carry a time, nor atomic writes' hidden temporary files)."""
+    skip = {"templates", ".speakleash"}
+    return {
+        str(p.relative_to(wd))
+        for top in ("data", "results", "paper")
+        for p in (wd / top).rglob("*")
+        if p.is_file() and not p.name.endswith(".tmp") and not skip & set(p.parts)
+    }
+
+
+def copy_study(wd: Path, dst: Path) -> Path:
+    """A copy of a finished study (modification times and Snakemake's records kept), to break."""
+    shutil.copytree(wd, dst, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    return dst
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,18 @@
 """Config validation: defaults, the study files, and errors that name the key, value and allowed."""
 
+import pickle
+import re
+
 import pytest
 
-from memopt.config import ROOT_CONFIGS, load_config_file, validate_config
+from memopt.config import (
+    ROOT_CONFIGS,
+    Params,
+    canonical,
+    empty_overrides,
+    load_config_file,
+    validate_config,
+)
 from memopt.errors import ConfigError
 
 BASE = {"techniques": {"baseline": {}}}
@@ -132,6 +142,25 @@ def test_defaults_fill_nested_and_per_technique():
             },
             ["optimizer_in_backward: true", "techniques.baseline.grad_accum 2", "grad_accum 1"],
         ),
+        # Issue 31: what JSON Schema lets through. NaN and inf pass every range check...
+        ({"train": {"lr": float("nan")}}, ["train.lr: nan is not allowed", "a finite number"]),
+        ({"train": {"lr": ".nan"}}, ["train.lr: nan is not allowed", "a finite number"]),
+        ({"search": {"memory_budget_gib": float("inf")}}, ["search.memory_budget_gib: inf"]),
+        # ... 2.0 counts as an integer ...
+        ({"model": {"n_layers": 2.0}}, ["model.n_layers: 2.0 is not allowed", "(write 2)"]),
+        ({"quality": {"seeds": 2.0}}, ["quality.seeds: 2.0 is not allowed", "an integer"]),
+        ({"batch_sizes": ["same", 8.0]}, ["batch_sizes[1]: 8.0 is not allowed", "(write 8)"]),
+        # ... `$` matches before a trailing newline ...
+        ({"corpus": {"dataset": "eltec\n"}}, ["corpus.dataset: 'eltec\\n' is not allowed"]),
+        (
+            {"techniques": {"flash\n": {}}, "baseline": "flash\n"},
+            ["technique name 'flash\\n' is not allowed", "at most 64 characters"],
+        ),
+        # ... and a name becomes a file name (Snakemake: "File name too long").
+        (
+            {"techniques": {"t" * 300: {}}, "baseline": "t" * 300},
+            ["technique name 'tttttttttttttttttttt'... (300 characters)", "at most 64"],
+        ),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(override, fragments):
@@ -159,3 +188,46 @@ def test_strings_from_snakemake_config_overrides_are_coerced():
     assert cfg["techniques"]["baseline"]["compile"] is False
     with pytest.raises(ConfigError, match="quality.seeds: 'many'"):
         validate_config({**BASE, "quality": {"seeds": "many"}})
+
+
+def test_one_message_per_bad_value():
+    """A value our own check refuses is not refused a second time by the schema."""
+    with pytest.raises(ConfigError) as err:
+        validate_config({**BASE, "model": {"n_layers": float("nan")}})
+    assert str(err.value) == "model.n_layers: nan is not allowed; allowed: a finite number"
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not UTF-8 text"),
+        (b"- a\n- list\n", "holds a list; allowed: a YAML mapping"),
+        (b"techniques: [\n", "cannot read config file"),
+    ],
+)
+def test_a_config_file_that_is_not_a_mapping(tmp_path, content, fragment):
+    path = tmp_path / "study.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_config_file(path)
+
+
+def test_params_compare_in_canonical_form():
+    """Snakemake reruns a job when repr(param) changed (issue 31, finding 2)."""
+    a = Params({"model": {"n_layers": 2, "d_model": 32}, "train": {"grad_clip": 1.0}})
+    b = Params({"train": {"grad_clip": 1}, "model": {"d_model": 32, "n_layers": 2}})
+    assert repr(a) == repr(b)
+    assert repr(a) != repr(Params({"model": {"n_layers": 3, "d_model": 32}, "train": {}}))
+    assert list(b["model"]) == ["d_model", "n_layers"] and b["train"]["grad_clip"] == 1
+    # The job's script gets a plain dict (it unpickles without memopt on its path).
+    assert type(pickle.loads(pickle.dumps(a))) is dict and pickle.loads(pickle.dumps(a)) == a
+    assert canonical({"b": [{"y": 2.0, "x": 0.5}], "a": True}) == {
+        "a": True,
+        "b": [{"x": 0.5, "y": 2}],
+    }
+
+
+def test_empty_config_overrides_are_named():
+    assert empty_overrides({"techniques": {}}) == ["techniques"]
+    assert empty_overrides({"model": {"n_layers": 2}, "search": {"x": {}}}) == ["search.x"]
+    assert empty_overrides({"model": {"n_layers": 2}}) == []

@@ -5,17 +5,13 @@ ends where an uninterrupted run ends; a job killed mid-run leaves no result file
 from __future__ import annotations
 
 import csv
-import glob
 import json
-import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import DATASET
-from smoke_workflow import planned, snakemake, study_command, workdir
+from smoke_workflow import planned, results, run_until_killed, snakemake, unlock, workdir
 
 pytestmark = pytest.mark.slow
 
@@ -32,58 +28,6 @@ KILL_POINTS = [
     ("cell", "logs/cell/*/*.log", "results/cells/{parent}/{stem}.json", "[memopt worker"),
     ("figures", "logs/figures.log", "paper/figures/memory.png", ""),
 ]
-
-
-def running_job(wd: Path, since: float, log_glob: str, output: str, marker: str) -> Path | None:
-    """The output of a job of this kind that this run started and has not finished, if any."""
-    for log in sorted(glob.glob(str(wd / log_glob))):
-        log = Path(log)
-        try:
-            if log.stat().st_mtime < since or marker not in log.read_text(errors="replace"):
-                continue
-        except FileNotFoundError:
-            continue
-        out = wd / output.format(stem=log.stem, parent=log.parent.name)
-        if not out.exists():
-            return out
-    return None
-
-
-def run_until_killed(wd: Path, points: list[tuple]) -> tuple[str, Path]:
-    """Start the study in its own process group; SIGKILL the group once a job of one of `points`
-    runs (the earliest in the list, if several); that job's kind and output."""
-    since = time.time() - 1  # file times may be coarser than time.time()
-    cmd, env = study_command()
-    proc = subprocess.Popen(
-        cmd, cwd=wd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            for name, log_glob, output, marker in points:
-                if (out := running_job(wd, since, log_glob, output, marker)) is not None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    return name, out
-            assert proc.poll() is None, f"the study ended before any of {points} ran"
-            assert time.monotonic() < deadline, f"none of {points} started in 600 s"
-            time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def results(wd: Path) -> set[str]:
-    """Every file the study makes (not the templates it was given, not speakleash's download
-    cache, whose names carry a time, nor atomic writes' hidden temporary files)."""
-    skip = {"templates", ".speakleash"}
-    return {
-        str(p.relative_to(wd))
-        for top in ("data", "results", "paper")
-        for p in (wd / top).rglob("*")
-        if p.is_file() and not p.name.endswith(".tmp") and not skip & set(p.parts)
-    }
 
 
 def search_outcome(path: Path) -> tuple:
@@ -110,7 +54,7 @@ def test_a_study_killed_at_several_points_resumes_to_the_uninterrupted_result(
         # The job killed mid-run wrote nothing (a warm worker whose client died exits unwritten).
         time.sleep(1)
         assert not killed.exists(), (name, killed)
-        snakemake(wd, "--unlock")
+        unlock(wd)
     # At least a training job (a search at the latest: they train for seconds) and two more.
     assert len(kills) >= 3 and {"search", "quality", "cell"} & set(kills), kills
     snakemake(wd)

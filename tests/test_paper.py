@@ -14,7 +14,7 @@ from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell, write_stud
 from memopt.errors import MemoptError
 from memopt.figures import make_figures
 from memopt.paper import param_count, render_paper
-from memopt.paper_format import md, num, tex
+from memopt.paper_format import build_pdf, md, num, tex
 from memopt.results import aggregate, write_json
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
@@ -184,8 +184,7 @@ def test_tex_is_a_complete_escaped_document(study):
         r"100\% Polish \& more",
     ):
         assert needle in text, needle
-    typeset = text.split(r"\begin{verbatim}")[0]  # verbatim (the config appendix) needs no escaping
-    assert "flash_gradcp" not in typeset.replace(r"flash\_gradcp", "")
+    assert "flash_gradcp" not in text.replace(r"flash\_gradcp", "")  # the config appendix too
     assert r"\VAR{" not in text and r"\BLOCK{" not in text
 
 
@@ -473,3 +472,45 @@ def test_paper_lists_the_gpus_and_warns_when_cells_ran_on_several(study, tmp_pat
         "}", ""
     )
     assert "\\textbf{Warning:} \\textbf{The timing cells ran on 2 GPUs}" in tex_text
+
+
+@pytest.mark.skipif(
+    shutil.which("pdflatex") is None or shutil.which("pdftotext") is None,
+    reason="pdflatex and pdftotext needed",
+)
+def test_the_config_cannot_inject_latex_or_publish_a_password(study, tmp_path):
+    """Issue 31, finding 6: the appendix printed the config inside `verbatim`, so a config string
+    could end it and \\input any file the user can read into the PDF; a mirror URL's password went
+    into the paper as it was."""
+    secret = tmp_path / "secret.tex"
+    secret.write_text("TOPSECRETMARKER\n")
+    payload = f"\\end{{verbatim}}\\input{{{secret}}}\\begin{{verbatim}}"
+    config = {
+        **CONFIG,
+        "corpus": {**CONFIG.get("corpus", {}), "mirror": "https://reader:hunter2@example.org/sl/"},
+        "measure": {**CONFIG["measure"], "cuda_alloc_conf": payload},
+    }
+    out_md, out_tex = tmp_path / "p.md", tmp_path / "p.tex"
+    render_paper(
+        study["summary"], study["searches"], study["stats"], study["meta"], config,
+        study["figures"], TEMPLATES, out_md, out_tex,
+        quality_csv=study["quality_csv"], exactness_paths=study["exactness"],
+    )  # fmt: skip
+    build_pdf(out_tex, tmp_path / "p.pdf")
+    text = subprocess.run(
+        ["pdftotext", str(tmp_path / "p.pdf"), "-"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "TOPSECRETMARKER" not in text
+    assert "input{" + str(secret) in "".join(text.split())  # printed as text, all of it
+    for path in (out_md, out_tex):
+        assert "hunter2" not in path.read_text()
+    assert "https://***@example.org/sl/" in out_md.read_text() and "hunter2" not in text
+    # The Markdown fence is longer than any backtick run a config string holds.
+    config["measure"]["cuda_alloc_conf"] = "```\n# injected heading"
+    render_paper(
+        study["summary"], study["searches"], study["stats"], study["meta"], config,
+        study["figures"], TEMPLATES, out_md, out_tex,
+        quality_csv=study["quality_csv"], exactness_paths=study["exactness"],
+    )  # fmt: skip
+    appendix = out_md.read_text().split("defaults filled:", 1)[1]
+    assert appendix.lstrip().startswith("````yaml\n") and appendix.rstrip().endswith("````")

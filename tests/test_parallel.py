@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from conftest import write_random_tokens
 
 from memopt import lease
 from memopt.config import validate_config
@@ -68,11 +68,7 @@ def study(tokens_dir: Path, **techniques) -> dict:
 
 @pytest.fixture(scope="module")
 def tokens_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tokens")
-    rng = np.random.default_rng(0)
-    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(d / "train.bin")
-    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    d = write_random_tokens(tmp_path_factory.mktemp("tokens"))
     return d
 
 

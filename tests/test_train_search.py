@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import write_random_tokens
 
 from memopt.config import validate_config
 from memopt.data import TokenData
@@ -17,11 +18,7 @@ from memopt.train import run_cell
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tokens")
-    rng = np.random.default_rng(0)
-    rng.integers(0, 300, 40_000).astype(np.uint16).tofile(d / "train.bin")
-    rng.integers(0, 300, 4_000).astype(np.uint16).tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    d = write_random_tokens(tmp_path_factory.mktemp("tokens"))
     return TokenData(d)
 
 

@@ -149,10 +149,18 @@ def test_named_targets(smoke):
 
 
 def test_bad_config_stops_before_the_dag(smoke):
-    proc = snakemake(smoke[0], "-n", "--config", "quality={'seeds': -5}", check=False)
-    assert proc.returncode != 0
-    assert "quality.seeds: -5 is not allowed; allowed: a number >= 1" in proc.stderr + proc.stdout
-    assert "Traceback" not in proc.stderr + proc.stdout
+    cases = [
+        ("quality={'seeds': -5}", "quality.seeds: -5 is not allowed; allowed: a number >= 1"),
+        # Issue 31: found only later (a crash in the optimizer), or never (merged into nothing).
+        ("train={'lr': .nan}", "train.lr: nan is not allowed; allowed: a finite number"),
+        ("model={'n_layers': 2.0}", "model.n_layers: 2.0 is not allowed; allowed: an integer"),
+        ("techniques={}", "--config techniques={}: Snakemake merges --config into the config"),
+    ]
+    for override, message in cases:
+        proc = snakemake(smoke[0], "-n", "--config", override, check=False)
+        assert proc.returncode != 0, override
+        assert message in proc.stderr + proc.stdout, override
+        assert "Traceback" not in proc.stderr + proc.stdout, override
 
 
 def test_broken_corpus_stops_the_corpus_rule_with_one_message(mirror, tmp_path):

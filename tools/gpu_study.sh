@@ -128,12 +128,10 @@ case ${1:-} in
       fi
     fi
     [ -f "$STATE" ] && tar xzf "$STATE"   # results, logs, benchmarks and metadata of earlier pieces
-    # A study killed here (kill -9, a crash) leaves Snakemake's lock: with no Snakemake running,
-    # nothing holds it any more (README, "When a run is interrupted").
-    if [ -n "$(ls -A .snakemake/locks 2>/dev/null)" ] && ! pgrep -f "python3 -m snakemake" >/dev/null; then
-      echo "removing the lock of a Snakemake run that is no longer running"
-      python3 -m snakemake --unlock --cores 1 --configfile "$CONFIGFILE" --config "$CORPUS" >/dev/null
-    fi
+    # A study killed here (kill -9, a crash) leaves Snakemake's lock: memopt unlock removes it once
+    # no Snakemake run and none of its jobs runs in this folder (README, "When a run is
+    # interrupted"); it refuses, and the piece stops, while one still does.
+    python3 -m memopt.cli unlock || exit 1
     if [ -f data/study.mtimes ]; then  # the first piece's times: the data is as old as it was there
       while read -r t f; do touch -d "@$t" "$f"; done < data/study.mtimes
     else

@@ -117,6 +117,37 @@ def cmd_paper(args) -> None:
         print(f"wrote {out / 'paper.pdf'}")
 
 
+def cmd_unlock(args) -> None:
+    from memopt.errors import MemoptError
+    from memopt.processes import wait_for_study_processes
+
+    locks = Path(".snakemake/locks")
+    if not any(locks.glob("*")):
+        print(f"memopt: nothing to unlock in {Path.cwd()} (no Snakemake lock)")
+        return
+    running = wait_for_study_processes(Path.cwd(), args.wait)
+    if running:
+        raise MemoptError(
+            f"not unlocking {Path.cwd()}: a Snakemake run or its jobs still run here after "
+            f"{args.wait:g} s:\n"
+            + "\n".join(f"  pid {pid}: {cmd[:150]}" for pid, cmd in running)
+            + "\nwait for them to end, or stop them (kill PID), then run memopt unlock again"
+        )
+    for lock in locks.glob("*"):
+        lock.unlink()
+    print(f"memopt: removed the Snakemake lock of {Path.cwd()} (no Snakemake or job runs here)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memopt", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -140,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = add(name, func, help_)
         sp.add_argument("technique")
         sp.add_argument("--tokens", type=Path, default=Path("data/tokens"))
-        sp.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+        sp.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for torch")
         sp.add_argument("--out", type=Path, default=None)
         if name == "cell":
             sp.add_argument("batch", help="same, max, or a number")
@@ -153,6 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="paper", help="where paper.md, paper.tex, figures/ go")
     sp.add_argument("--templates", default=str(ROOT / "paper" / "templates"))
     sp.add_argument("--pdf", action="store_true", help="also compile paper.pdf (needs TeX)")
+    sp = sub.add_parser(
+        "unlock",
+        help="remove the Snakemake lock a killed run left in this folder, once nothing runs here",
+        description="After kill -9 (or a crash) Snakemake leaves its lock on the working folder. "
+        "This removes it only when no Snakemake run and none of its jobs is still running in the "
+        "folder (an orphaned job would otherwise race the next run).",
+    )
+    sp.add_argument(
+        "--wait", type=float, default=15.0,
+        help="seconds to wait for jobs that are stopping (default: 15)",
+    )  # fmt: skip
+    sp.set_defaults(func=cmd_unlock)
     return p
 
 

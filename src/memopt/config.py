@@ -9,11 +9,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
+import re
 from pathlib import Path
 
 import jsonschema
 import yaml
 
+from memopt.config_rules import check_cross_keys
 from memopt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +31,19 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
 
 
 def load_config_file(path: Path) -> dict:
-    """Read a YAML config file (not yet validated)."""
+    """Read a YAML config file (not yet validated): a mapping of keys, or a ConfigError."""
     try:
-        return yaml.safe_load(Path(path).read_text()) or {}
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read config file {path}: not UTF-8 text (binary?)") from None
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"config file {path} holds a {type(raw).__name__}; allowed: a YAML mapping of keys "
+            "(device, corpus, model, techniques, ...)"
+        )
+    return raw
 
 
 def _fill_defaults(instance, schema: dict):
@@ -127,208 +138,119 @@ def _message(err: jsonschema.ValidationError) -> str:
         )
     if err.validator == "required":
         return f"{key}: {err.message}"
-    if err.validator == "propertyNames":
-        return (
-            f"{key}: technique name {err.instance!r} is not allowed; "
-            "use letters, digits and underscores, starting with a letter"
-        )
     if err.validator in ("minItems", "minProperties", "uniqueItems"):
         return f"{key}: {err.message}"
     return f"{key}: {err.instance!r} is not allowed; allowed: {_allowed(err)}"
 
 
+MAX_NAME = 64  # a technique's name is a file name (results/search/<name>.json) and a rule's
+
+
+def _types(schema: dict) -> set[str]:
+    types = schema.get("type", [])
+    found = {types} if isinstance(types, str) else set(types)
+    for sub in schema.get("anyOf", []):
+        found |= _types(sub)
+    return found
+
+
+def _values(instance, schema: dict, path: tuple, problems: dict) -> object:
+    """What JSON Schema lets through, recorded in `problems` by path: NaN and infinity (every
+    comparison with them is false), a float such as 2.0 for an integer, a trailing newline after
+    a pattern's `$`. Returns the value."""
+    if isinstance(instance, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for key, value in instance.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                instance[key] = _values(value, sub, (*path, key), problems)
+        return instance
+    if isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        return [_values(v, schema["items"], (*path, i), problems) for i, v in enumerate(instance)]
+    types, key = _types(schema), _key(path)
+    if isinstance(instance, float) and not math.isfinite(instance):
+        problems[path] = f"{key}: {instance!r} is not allowed; allowed: a finite number"
+    elif isinstance(instance, float) and "integer" in types and "number" not in types:
+        if instance.is_integer():  # JSON Schema counts 2.0 as an integer; range() does not
+            problems[path] = (
+                f"{key}: {instance!r} is not allowed; allowed: an integer (write {int(instance)})"
+            )
+    elif isinstance(instance, str) and "pattern" in schema:
+        if re.fullmatch(schema["pattern"], instance) is None:  # `$` also matches before "\n"
+            problems[path] = (
+                f"{key}: {instance!r} is not allowed; allowed: text matching the regular "
+                f"expression {schema['pattern']}"
+            )
+    return instance
+
+
 def validate_config(raw: dict, schema: dict | None = None) -> dict:
     """Return a validated copy of `raw` with defaults filled; raise ConfigError naming the key."""
     schema = schema or load_schema()
+    if not isinstance(raw or {}, dict):
+        raise ConfigError(f"<config>: {raw!r} is not allowed; allowed: a mapping of keys")
     cfg = _coerce(copy.deepcopy(dict(raw or {})), schema)
     _fill_defaults(cfg, schema)
+    problems: dict[tuple, str] = {}
+    cfg = _values(cfg, schema, (), problems)
+    names = schema["properties"]["techniques"]["propertyNames"]["pattern"]
+    for name in cfg["techniques"] if isinstance(cfg.get("techniques"), dict) else ():
+        if not isinstance(name, str) or not re.fullmatch(names, name) or len(name) > MAX_NAME:
+            shown = (
+                repr(name) if len(str(name)) <= 40 else f"{name[:20]!r}... ({len(name)} characters)"
+            )
+            problems[("techniques", name)] = (
+                f"techniques: technique name {shown} is not allowed; allowed: letters, digits "
+                f"and underscores, starting with a letter, at most {MAX_NAME} characters"
+            )
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        raise ConfigError("\n".join(_message(e) for e in errors))
-    _check_cross_keys(cfg)
+    errors = [
+        _message(e)
+        for e in validator.iter_errors(cfg)
+        # a name's own errors (propertyNames) come with the techniques' path and the name
+        if tuple(e.absolute_path) not in problems
+        and not (tuple(e.absolute_path) == ("techniques",) and isinstance(e.instance, str))
+    ]
+    messages = sorted(set(errors) | set(problems.values()))
+    if messages:
+        raise ConfigError("\n".join(messages))
+    check_cross_keys(cfg)
     return cfg
 
 
-def _check_cross_keys(cfg: dict) -> None:
-    m, problems = cfg["model"], []
-    if m["d_model"] % m["n_heads"]:
-        problems.append(
-            f"model.n_heads: {m['n_heads']} does not divide model.d_model "
-            f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
-        )
-    for name, spec in cfg["techniques"].items():
-        problems += _technique_problems(f"techniques.{name}", spec, cfg)
-        problems += _parallel_problems(f"techniques.{name}", spec, cfg)
-    if cfg["baseline"] not in cfg["techniques"]:
-        problems.append(
-            f"baseline: {cfg['baseline']!r} is not a technique; allowed: "
-            + ", ".join(cfg["techniques"])
-        )
-    meas = cfg["measure"]
-    if meas["min_timed_steps"] > meas["max_timed_steps"]:
-        problems.append(
-            f"measure.min_timed_steps: {meas['min_timed_steps']} is larger than "
-            f"measure.max_timed_steps ({meas['max_timed_steps']}); allowed: <= "
-            f"{meas['max_timed_steps']}"
-        )
-    c = cfg["corpus"]
-    if c["source"] == "mirror" and not c.get("mirror"):
-        problems.append(
-            "corpus.mirror: None is not allowed with corpus.source 'mirror'; "
-            "allowed: a directory or http(s) URL in speakleash layout"
-        )
-    if problems:
-        raise ConfigError("\n".join(problems))
+def canonical(obj):
+    """`obj` in one form: every mapping's keys sorted, recursively, and a float with an integer
+    value written as that integer (a number key holds 1 or 1.0 alike)."""
+    if isinstance(obj, dict):
+        return {k: canonical(obj[k]) for k in sorted(obj, key=str)}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    return obj
 
 
-# Knob values that need a CUDA GPU, with what a CPU allows instead.
-_GPU_ONLY = {
-    ("precision", "fp8"): "FP8 tensor cores are a GPU's; allowed on a CPU: fp32, tf32, bf16, fp16",
-    ("offload", "activations"): "it moves saved activations from GPU to host memory, where a "
-    "CPU run keeps them already; allowed on a CPU: none",
-    ("loss", "liger"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
-    ("loss", "cce"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
-    (
-        "attention",
-        "efficient",
-    ): "PyTorch has no CPU kernel of it; allowed on a CPU: math, flash, auto",
-    ("attention", "cudnn"): "cuDNN runs on NVIDIA GPUs; allowed on a CPU: math, flash, auto",
-    (
-        "attention",
-        "flex",
-    ): "memopt runs FlexAttention on CUDA only; allowed on a CPU: math, flash, auto",
-    (
-        "attention",
-        "flash_attn",
-    ): "the flash-attn package runs on CUDA GPUs; allowed on a CPU: math, flash, auto",
-}
-# Precisions whose activations (attention's inputs) are 16-bit: memopt.precision.AUTOCAST_DTYPES.
-_SIXTEEN_BIT = ("bf16", "fp16", "fp8")
-# Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
-_CUDA_16BIT_ONLY = ("flash", "cudnn", "flash_attn")
+class Params(dict):
+    """A rule parameter as Snakemake should compare it. Snakemake reruns a job when the repr of a
+    parameter changed, and a dict's repr follows its key order: the same config with two keys
+    swapped would rerun every job. This dict (its values exactly as given) shows Snakemake its
+    canonical form instead, and reaches the job's script as a plain dict."""
+
+    def __repr__(self) -> str:
+        return json.dumps(canonical(dict(self)), sort_keys=True)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
 
 
-def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
-    """Knob combinations that cannot work, each named with both keys and why."""
-    problems, w = [], spec.get("window")
-    seq_len = cfg["model"]["seq_len"]
-    if w is not None and w > seq_len:
-        problems.append(
-            f"{key}.window: {w} is larger than model.seq_len ({seq_len}); allowed: 1..{seq_len}"
-        )
-    if spec["attention"] in ("flash", "efficient", "cudnn") and w is not None:
-        problems.append(
-            f"{key}.attention: {spec['attention']!r} (PyTorch SDPA) has no sliding window "
-            f"(window {w}); allowed with a window: math, flex, flash_attn, auto"
-        )
-    # In-backward updates run as soon as each gradient is complete: nothing may need all of them.
-    clashes = [
-        (cfg["train"]["grad_clip"] > 0, "train.grad_clip", cfg["train"]["grad_clip"],
-         "global clipping needs every gradient at once", "train.grad_clip 0 for the whole study"),
-        (spec["grad_accum"] > 1, f"{key}.grad_accum", spec["grad_accum"],
-         "every micro-batch would update the weights", "grad_accum 1"),
-        (spec["precision"] == "fp16", f"{key}.precision", "fp16",
-         "loss scaling unscales and checks every gradient before any update",
-         "precision fp32, tf32, bf16 or fp8"),
-    ]  # fmt: skip
-    for clash, other, value, reason, allowed in clashes:
-        if spec["optimizer_in_backward"] and clash:
-            problems.append(
-                f"{key}.optimizer_in_backward: true is not allowed with {other} {value!r} "
-                f"({reason}; in-backward updates free each gradient as soon as it is "
-                f"complete); allowed: optimizer_in_backward false, or {allowed}"
-            )
-    if spec["loss"] == "liger" and spec["precision"] == "fp16":
-        problems.append(
-            f"{key}.loss: 'liger' is not allowed with {key}.precision 'fp16' (liger computes the "
-            "logits' gradient in the forward pass, in FP16, before loss scaling can lift it: "
-            "most of it underflows to zero); allowed with fp16: standard, chunked, cce"
-        )
-    budget = spec["compile_memory_budget"]
-    if budget is not None and not spec["compile"]:
-        problems.append(
-            f"{key}.compile_memory_budget: {budget} needs {key}.compile true (it is "
-            "torch.compile's activation budget); allowed: compile true, or "
-            "compile_memory_budget null"
-        )
-    if spec["grad_accum"] > cfg["exactness"]["batch"]:
-        problems.append(
-            f"{key}.grad_accum: {spec['grad_accum']} is larger than exactness.batch "
-            f"({cfg['exactness']['batch']}), which its exactness run splits into grad_accum "
-            f"micro-batches; allowed: 1..{cfg['exactness']['batch']}, or a larger "
-            "exactness.batch"
-        )
-    if (
-        cfg["device"] == "cuda"
-        and spec["attention"] in _CUDA_16BIT_ONLY
-        and spec["precision"] not in _SIXTEEN_BIT
-    ):
-        problems.append(
-            f"{key}.attention: {spec['attention']!r} cannot run with {key}.precision "
-            f"{spec['precision']!r} on device 'cuda' (the kernel takes FP16/BF16 inputs only); "
-            f"allowed with {spec['precision']}: math, efficient, flex, auto; or precision bf16 "
-            "or fp16"
-        )
-    if cfg["device"] == "cpu":
-        for knob in ("precision", "offload", "loss", "attention"):
-            value = spec[knob]
-            if (knob, value) in _GPU_ONLY:
-                problems.append(
-                    f"{key}.{knob}: {value!r} is not allowed with device 'cpu' "
-                    f"({_GPU_ONLY[knob, value]})"
-                )
-    return problems
-
-
-# What each parallel mode may shard, and knobs not combined with sharding (not measured with it).
-_SHARDS = {"none": ("none",), "ddp": ("none", "optimizer"), "fsdp2": ("grads", "full")}
-_NOT_PARALLEL = {
-    "offload": ("none", "its hooks move tensors that FSDP2 also manages"),
-    "optimizer_in_backward": (False, "its per-parameter hooks run before gradients are reduced"),
-    "optimizer": ("adamw", "sharding is measured with AdamW; others are not"),
-}
-
-
-def _parallel_problems(key: str, spec: dict, cfg: dict) -> list[str]:
-    """The parallel, shard and gpus knobs (memopt.parallel)."""
-    mode, shard, gpus, problems = spec["parallel"], spec["shard"], spec["gpus"], []
-    if shard not in _SHARDS[mode]:
-        problems.append(
-            f"{key}.shard: {shard!r} is not allowed with {key}.parallel {mode!r}; allowed: "
-            + ", ".join(_SHARDS[mode])
-        )
-    if (mode == "none") != (gpus == 1):
-        allowed = "1" if mode == "none" else "2 or more"
-        problems.append(
-            f"{key}.gpus: {gpus} is not allowed with {key}.parallel {mode!r}; allowed: {allowed}"
-        )
-    if mode == "none":
-        return problems
-    for knob, (allowed, why) in _NOT_PARALLEL.items():
-        if spec[knob] != allowed:
-            problems.append(
-                f"{key}.{knob}: {spec[knob]!r} is not allowed with {key}.parallel {mode!r} "
-                f"({why}); allowed: {allowed!r}, or parallel none"
-            )
-    if spec["precision"] in ("fp16", "fp8"):
-        problems.append(
-            f"{key}.precision: {spec['precision']!r} is not allowed with {key}.parallel {mode!r} "
-            "(loss scaling and FP8 casts of sharded weights are not measured); allowed: fp32, "
-            "tf32, bf16, or parallel none"
-        )
-    if mode == "fsdp2" and spec["compile"]:
-        problems.append(
-            f"{key}.compile: true is not allowed with {key}.parallel 'fsdp2' (compiling across "
-            "FSDP2's hooks is not measured); allowed: compile false, or parallel ddp"
-        )
-    if cfg["exactness"]["batch"] % gpus:
-        problems.append(
-            f"{key}.gpus: {gpus} does not divide exactness.batch ({cfg['exactness']['batch']}), "
-            "which its exactness run splits evenly across the GPUs; allowed: a divisor of it, "
-            "or another exactness.batch"
-        )
-    return problems
+def empty_overrides(overrides: dict, path: tuple = ()) -> list[str]:
+    """Keys that `snakemake --config` sets to an empty mapping: Snakemake merges --config into the
+    config key by key, so `--config techniques={}` would silently change nothing."""
+    found = []
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict):
+            found += empty_overrides(value, (*path, key)) if value else [_key((*path, key))]
+    return found
 
 
 def full_spec(knobs: dict, **config) -> dict:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from memopt.corpus_file import BrokenFile, records
 from memopt.errors import CorpusError
 from memopt.fileio import atomic_path, write_json
+from memopt.redact import redact
 
 QUALITY_LEVELS = ("HIGH", "MEDIUM", "LOW")
 
@@ -388,7 +389,7 @@ def prepare_corpus(
     stats = {
         "dataset": cfg["dataset"],
         "source": cfg["source"],
-        "base_url": recorded,
+        "base_url": redact(recorded),
         **counts,
         "license": dataset.license or None,
         "description": dataset.description or None,

@@ -6,16 +6,22 @@ cell is evaluated on the same validation tokens.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from memopt.errors import MemoptError
+from memopt.fileio import read_json
+
+TOKEN_DTYPES = ("uint16", "uint32")  # memopt.tokenizer.token_dtype
+REBUILD = "the `tokens` rule rebuilds it: snakemake --forcerun tokens (with your study's options)"
 
 
 class TokenData:
+    """The token files of data/tokens, checked against meta.json before anything trains on them:
+    a truncated or foreign file stops the job with a message naming it, not a wrong result."""
+
     def __init__(self, tokens_dir: Path):
         tokens_dir = Path(tokens_dir)
         meta_path = tokens_dir / "meta.json"
@@ -24,15 +30,52 @@ class TokenData:
                 f"no token data at {tokens_dir} (missing meta.json); "
                 "build it first: snakemake data/tokens/meta.json --cores all"
             )
-        self.meta = json.loads(meta_path.read_text())
+        self.meta = read_json(meta_path)
+        problem = _meta_problem(self.meta)
+        if problem:
+            raise MemoptError(f"{meta_path}: {problem}; {REBUILD}")
         dtype = np.dtype(self.meta["dtype"])
-        self.train = np.memmap(tokens_dir / "train.bin", dtype=dtype, mode="r")
-        self.val = np.memmap(tokens_dir / "val.bin", dtype=dtype, mode="r")
+        self.train = _token_file(tokens_dir / "train.bin", dtype, self.meta["train_tokens"])
+        self.val = _token_file(tokens_dir / "val.bin", dtype, self.meta["val_tokens"])
         self.vocab_size = int(self.meta["vocab_size"])
 
     def max_batch(self, seq_len: int) -> int:
         """A batch cannot hold more distinct sequences than the training tokens can fill."""
         return max(0, len(self.train) // (seq_len + 1))
+
+
+def _meta_problem(meta) -> str | None:
+    if not isinstance(meta, dict):
+        return "not an object"
+    if meta.get("dtype") not in TOKEN_DTYPES:
+        return f"dtype {meta.get('dtype')!r} is not one of {', '.join(TOKEN_DTYPES)}"
+    for key in ("vocab_size", "train_tokens", "val_tokens"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"{key} is {value!r}, not a positive integer"
+    if meta["vocab_size"] > np.iinfo(np.dtype(meta["dtype"])).max + 1:
+        return f"vocab_size {meta['vocab_size']} does not fit dtype {meta['dtype']}"
+    return None
+
+
+def _token_file(path: Path, dtype: np.dtype, expected: int) -> np.memmap:
+    """The flat token ids of one split, after checking the file holds exactly `expected` of them."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise MemoptError(f"{path}: file not found; {REBUILD}") from None
+    if size != expected * dtype.itemsize:
+        held = (
+            f"{size / dtype.itemsize:,.1f}"
+            if size % dtype.itemsize
+            else f"{size // dtype.itemsize:,}"
+        )
+        raise MemoptError(
+            f"{path}: holds {size:,} bytes ({held} {dtype.name} tokens), meta.json says "
+            f"{expected:,} tokens ({expected * dtype.itemsize:,} bytes): the file is truncated, "
+            f"damaged or from another run; {REBUILD}"
+        )
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 class Batches:

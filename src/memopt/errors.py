@@ -27,6 +27,8 @@ class exit_on_user_error:
         if exc is not None and isinstance(exc, MemoptError):
             import sys
 
-            print(f"memopt: error: {exc}", file=sys.stderr)
+            from memopt.redact import redact
+
+            print(f"memopt: error: {redact(str(exc))}", file=sys.stderr)
             sys.exit(1)
         return False

@@ -12,6 +12,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from memopt.fileio import atomic_path
 from memopt.results import entry_sort_key
 
 # Batch entries share their technique's colour: the first entry solid, later ones hatched.
@@ -91,7 +92,8 @@ def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
     paths = []
     for ext in ("pdf", "png"):
         path = out_dir / f"{name}.{ext}"
-        fig.savefig(path, dpi=150, metadata=SAVE_METADATA[ext], bbox_inches="tight")
+        with atomic_path(path) as tmp:  # a killed run leaves no half-drawn figure
+            fig.savefig(tmp, format=ext, dpi=150, metadata=SAVE_METADATA[ext], bbox_inches="tight")
         paths.append(path)
     return paths
 

@@ -1,5 +1,6 @@
 """Atomic file writes: a crash never leaves a half-written file that Snakemake (or a reader)
-would take for a complete result."""
+would take for a complete result. JSON is strict both ways: a result never holds NaN or infinity
+(JSON has none; Python would write them), and a file that does is refused by name on reading."""
 
 from __future__ import annotations
 
@@ -33,16 +34,47 @@ def write_text(path: Path, text: str) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    """Atomically write obj as indented UTF-8 JSON (key order kept: it is the order we wrote)."""
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    """Atomically write obj as indented UTF-8 JSON (key order kept: it is the order we wrote);
+    a non-finite number is refused (a result records null where it has no number)."""
+    try:
+        text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False)
+    except ValueError as err:
+        raise MemoptError(f"refusing to write {path}: {err} (nan or inf in a result)") from None
+    write_text(path, text + "\n")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"a non-finite number ({name}), which JSON does not allow")
+
+
+def ensure_writable(path: Path) -> None:
+    """Fail now, not after the work, if `path` cannot be written (its folder is created)."""
+    path = Path(path)
+    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "it is a folder")
+        for parent in path.parents:  # mkdir would say "File exists" of a file on the way
+            if parent.exists():
+                if not parent.is_dir():
+                    raise NotADirectoryError(20, f"{parent} is a file, not a folder")
+                break
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        probe.unlink()
+    except OSError as err:
+        raise MemoptError(f"cannot write {path}: {err.strerror or err}") from None
 
 
 def read_json(path: Path):
-    """Read a JSON file; a missing or malformed file is a MemoptError naming the path."""
+    """Read a JSON file; a missing, malformed or non-finite one is a MemoptError naming it."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except FileNotFoundError:
         raise MemoptError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise MemoptError(f"{path}: not valid JSON ({e})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise MemoptError(
+            f"{path}: not valid JSON ({e}); it is damaged or was edited: delete it and rerun, and "
+            "the job that writes it runs again"
+        ) from None

@@ -11,8 +11,9 @@ the GPU (CUDA_VISIBLE_DEVICES) before CUDA starts; one warm worker serves each G
 (memopt.worker keys its socket by CUDA_VISIBLE_DEVICES). A job that finds every GPU leased waits.
 
 MEMOPT_FAKE_GPUS (comma-separated names) replaces the host's GPUs, so tests can lease on a CPU;
-MEMOPT_GPU_LOCK_DIR moves the lock files (default: a per-user folder in the local temp dir, so
-leases are per user and host).
+MEMOPT_GPU_LOCK_DIR moves the lock files (default: `gpus/` in memopt's runtime folder, a checked
+per-user folder in the local temp dir: memopt.private_dir; leases are per user and host). The lock
+folder is checked the same way, and lock files are opened without following links.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import fcntl
 import os
 import re
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from memopt.errors import MemoptError
+from memopt.private_dir import open_private, private_dir, runtime_dir
 
 FAKE_ENV = "MEMOPT_FAKE_GPUS"
 LOCK_DIR_ENV = "MEMOPT_GPU_LOCK_DIR"
@@ -84,12 +85,14 @@ def candidates() -> list[Gpu]:
 
 
 def lock_dir() -> Path:
-    default = Path(tempfile.gettempdir()) / f"memopt-{os.getuid()}" / "gpus"
-    return Path(os.environ.get(LOCK_DIR_ENV) or default)
+    """The checked folder of the lease lock files (created if missing)."""
+    if os.environ.get(LOCK_DIR_ENV):
+        return private_dir(Path(os.environ[LOCK_DIR_ENV]))
+    return private_dir(runtime_dir() / "gpus")
 
 
 def _try_lock(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+    fd = open_private(path, os.O_RDWR | os.O_CREAT)  # not inherited by child processes
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -141,8 +144,6 @@ def gpu_lease(progress=print, poll_s: float = 1.0, require: bool = False, count:
             "a host (CUDA_VISIBLE_DEVICES, a SLURM allocation) with more"
         )
     folder = lock_dir()
-    folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the workers' sockets live there
-    folder.mkdir(exist_ok=True)
     waiting_since = None
     while (held := _try_lease(folder, gpus, count)) is None:
         if waiting_since is None:

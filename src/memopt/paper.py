@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 import jinja2
-import yaml
 
 from memopt.errors import MemoptError
 from memopt.paper_analysis import (
@@ -23,7 +22,7 @@ from memopt.paper_analysis import (
     recommendations,
     tf32_reference,
 )
-from memopt.paper_format import make_environment
+from memopt.paper_format import config_yaml, make_environment
 from memopt.paper_gpus import gpus_used
 from memopt.paper_mechanisms import mechanisms
 from memopt.paper_prose import render_prose
@@ -311,7 +310,7 @@ def build_context(
         "stages": stages,
         "share": measurement_share(stages, cells, runs),
         "analysis": analysis(cells),
-        "config_yaml": yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(),
+        "config_yaml": config_yaml(config),
         "increments": incremental_effects(cells),
         "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
         "provenance": _provenance(cells),

@@ -12,9 +12,11 @@ import tempfile
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from memopt.errors import MemoptError
 from memopt.fileio import atomic_path
+from memopt.redact import redact
 
 
 def num(value, decimals: int = 0) -> str:
@@ -76,6 +78,40 @@ def tex_name(value) -> str:
     return tex(value).replace(r"\_", r"\_\allowbreak{}")
 
 
+def config_yaml(config: dict) -> str:
+    """The study config as the paper prints it: YAML in the config's own order, credentials in
+    URLs redacted (memopt.redact), ASCII only (other characters as YAML escapes)."""
+    return yaml.safe_dump(redact(config), sort_keys=False, allow_unicode=False).rstrip()
+
+
+LISTING_CHARS = 84  # \small typewriter characters on the paper's line (2.5 cm margins)
+
+
+def tex_listing(text: str, width: int = LISTING_CHARS) -> str:
+    """Text set line by line in typewriter type, every character escaped: unlike a verbatim
+    environment, no text can end it (a config string holding \\end{verbatim}\\input{FILE}
+    would otherwise make LaTeX read FILE into the PDF). A line longer than `width` goes on
+    under its indentation, so nothing runs off the page."""
+    lines = []
+    for line in str(text).split("\n"):
+        indent = min(len(line) - len(line.lstrip(" ")) + 2, width // 2)
+        while len(line) > width:
+            lines.append(line[:width])
+            line = " " * indent + line[width:]
+        lines.append(line)
+    # \mbox{} first: TeX drops the glue at the start of a line, indentation included.
+    typeset = [r"\mbox{}" + tex(line).replace(" ", "~") for line in lines]
+    return "\\par{\\ttfamily\\small\\noindent\n" + "\\\\\n".join(typeset) + "\\par}"
+
+
+def md_code(text: str, lang: str = "") -> str:
+    """A fenced Markdown code block whose fence is longer than any run of backticks in the text,
+    so the text cannot close it."""
+    runs = [len(r) for r in re.findall("`+", str(text))]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
 def md(value) -> str:
     """Make a value safe inside a Markdown table cell: | would start a new column."""
     return "n/a" if value is None else str(value).replace("|", r"\|").replace("\n", " ")
@@ -102,7 +138,10 @@ def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
             line_comment_prefix=None,
         )
     env = jinja2.Environment(**options)
-    env.filters.update(num=num, pct=pct, tex=tex, tex_name=tex_name, md=md)
+    env.filters.update(
+        num=num, pct=pct, tex=tex, tex_name=tex_name, md=md, md_code=md_code,
+        tex_listing=tex_listing,
+    )  # fmt: skip
     return env
 
 

@@ -11,6 +11,7 @@ import torch
 from memopt import parallel
 from memopt.data import TokenData
 from memopt.errors import MemoptError
+from memopt.fileio import ensure_writable
 from memopt.quality import run_exactness, run_quality
 from memopt.results import alias_cell, read_json, write_json
 from memopt.search import search_max_batch
@@ -18,14 +19,22 @@ from memopt.techniques import resolve_device
 from memopt.train import run_cell
 
 
+def check_batch_entry(entry: str | int) -> str:
+    """A batch entry as text: `same`, `max` or a whole number >= 1; else a MemoptError."""
+    entry = str(entry)
+    if entry not in ("same", "max") and not (entry.isascii() and entry.isdigit() and int(entry)):
+        raise MemoptError(
+            f"batch entry {entry!r} is not allowed; allowed: same, max, or a number >= 1"
+        )
+    return entry
+
+
 def resolve_batch(entry: str | int, search_json: Path | None, baseline_json: Path | None) -> int:
     """`same` -> the baseline's maximum batch, `max` -> the technique's own, a number -> itself."""
-    entry = str(entry)
+    entry = check_batch_entry(entry)
     if entry.isdigit():
         return int(entry)
     path = {"same": baseline_json, "max": search_json}.get(entry)
-    if entry not in ("same", "max"):
-        raise MemoptError(f"batch entry {entry!r} is not allowed; allowed: same, max, or a number")
     if path is None or not Path(path).exists():
         raise MemoptError(f"batch entry {entry!r} needs the search result {path}; run the search")
     return int(read_json(path)["max_batch"])
@@ -52,6 +61,8 @@ def search_file(
 ) -> dict:
     """The technique's maximum batch -> out; with exactness_out, first its exactness run (same
     process: a second job would pay another Python, torch and CUDA start)."""
+    for path in filter(None, (out, exactness_out)):
+        ensure_writable(Path(path))  # now, not after the work
     device = _setup(cfg, threads)
     data = TokenData(Path(tokens_dir))
     if exactness_out is not None:  # (kept across a parallel search's launches)
@@ -72,6 +83,7 @@ def search_file(
 def quality_file(
     cfg: dict, function: str, seed: int, tokens_dir: Path, out: Path, threads: int | None = None
 ) -> dict:
+    ensure_writable(Path(out))
     device = _setup(cfg, threads)
     result = run_quality(cfg, function, int(seed), TokenData(Path(tokens_dir)), device)
     done = f"val loss {result['val_loss']:.4f}" if result["status"] == "ok" else result["error"]
@@ -113,6 +125,8 @@ def cell_file(
 ) -> dict:
     """One timing cell -> out. With same_cell (another entry's cell of this technique) at the
     batch this entry resolves to, that run is written again under this entry instead."""
+    check_batch_entry(entry)
+    ensure_writable(Path(out))
     device = _setup(cfg, threads)
     search_dir = Path(search_dir)
     own, baseline = search_dir / f"{technique}.json", search_dir / f"{cfg['baseline']}.json"

@@ -1,14 +1,15 @@
 """What every workflow script shares: the rule's log gets a copy of everything printed (progress
-bars included), and a user error prints its message alone instead of a traceback."""
+bars included), a user error prints its message alone instead of a traceback, and the job stops
+when the Snakemake process that started it dies (memopt.processes)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 
 from memopt.errors import exit_on_user_error
+from memopt.processes import stop_with_snakemake
 
 
 class _Tee:
@@ -30,6 +31,7 @@ class _Tee:
 
 @contextlib.contextmanager
 def logged(log_path: str | Path):
+    stop_with_snakemake()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with (
         open(log_path, "w", encoding="utf-8") as log,
@@ -38,19 +40,3 @@ def logged(log_path: str | Path):
         exit_on_user_error(),
     ):
         yield
-
-
-def code_files(*modules: str) -> list[Path]:
-    """Source files of library modules: a rule that lists them as inputs reruns when they change.
-
-    Relative to the working directory, so the set of inputs Snakemake records does not change when
-    the checkout moves (e.g. results carried to another machine)."""
-    return [Path(os.path.relpath(Path(__file__).parent / f"{m}.py")) for m in modules]
-
-
-def worker_settings(config: dict) -> dict:
-    """The study's `worker` section with defaults. Read from the workflow's config, not passed as a
-    rule parameter: how jobs are run must not rerun them."""
-    from memopt.config import validate_config
-
-    return validate_config(config)["worker"]

@@ -20,7 +20,7 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from memopt.errors import MemoptError
-from memopt.fileio import atomic_path, write_json
+from memopt.fileio import atomic_path, read_json, write_json
 
 # sentencepiece skips (drops) sentences longer than max_sentence_length bytes, so long paragraphs
 # are cut at word breaks into lines of at most this many characters (4 UTF-8 bytes each at most).
@@ -202,6 +202,39 @@ def _encode_file(sp, jsonl: Path, bin_out: Path, dtype: np.dtype, threads: int, 
     return documents, tokens, chars
 
 
+def load_model(path: Path) -> spm.SentencePieceProcessor:
+    """The sentencepiece model at `path`, checked against the SHA-256 and vocabulary size that
+    train_tokenizer recorded beside it (spm.json) when that record is there. A missing,
+    truncated or foreign file is a MemoptError naming it and the rule that rebuilds it
+    (sentencepiece would raise a protobuf error, or read a truncated file as a smaller model)."""
+    path = Path(path)
+    rebuild = "the `tokenizer` rule rebuilds it: snakemake --forcerun tokenizer (with your study's options)"
+    if not path.is_file():
+        raise MemoptError(f"{path}: tokenizer model not found; {rebuild}")
+    record = path.with_suffix(".json")
+    stats = read_json(record) if record.is_file() else {}
+    data = path.read_bytes()
+    if stats.get("sha256") not in (None, hashlib.sha256(data).hexdigest()):
+        raise MemoptError(
+            f"{path}: its SHA-256 differs from the one {record.name} recorded when it was trained "
+            f"({len(data):,} bytes now): truncated, damaged or replaced; {rebuild}"
+        )
+    try:
+        model = spm.SentencePieceProcessor(model_proto=data)
+    except (RuntimeError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise MemoptError(
+            f"{path}: not a sentencepiece model ({first}): truncated, damaged or another file; "
+            f"{rebuild}"
+        ) from None
+    if model.get_piece_size() != stats.get("vocab_size", model.get_piece_size()):
+        raise MemoptError(
+            f"{path}: holds {model.get_piece_size()} pieces, {record.name} says "
+            f"{stats['vocab_size']}; {rebuild}"
+        )
+    return model
+
+
 def encode_splits(
     model_path: Path,
     train_jsonl: Path,
@@ -212,7 +245,7 @@ def encode_splits(
     threads: int = 1,
 ) -> dict:
     """Encode both splits to flat token files (np.memmap-readable, see load_tokens); return meta."""
-    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    sp = load_model(Path(model_path))
     vocab_size, dtype = sp.get_piece_size(), token_dtype(sp.get_piece_size())
     train_docs, train_tokens, train_chars = _encode_file(
         sp, Path(train_jsonl), Path(train_bin), dtype, threads, "encode train"

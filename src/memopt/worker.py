@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -30,6 +29,9 @@ from pathlib import Path
 
 from memopt.errors import MemoptError, exit_on_user_error
 from memopt.lease import LEASE_ENV, gpu_lease
+from memopt.private_dir import open_private, runtime_dir
+from memopt.processes import stop_with_snakemake
+from memopt.redact import redact
 
 CALLS = ("search_file", "cell_file", "quality_file")  # memopt.pipeline functions a job may call
 SRC = Path(__file__).resolve().parents[1]
@@ -40,12 +42,12 @@ ENV_PREFIXES = ("MEMOPT_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_")
 
 def socket_path(workdir: Path | None = None) -> Path:
     """Local (never on a shared filesystem), short (sun_path holds ~100 bytes), one per working
-    directory and GPU (set)."""
+    directory and GPU (set), in the checked runtime folder (memopt.private_dir)."""
     # The lease too: under SLURM every job's GPU may be CUDA_VISIBLE_DEVICES=0.
     gpu = f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}|{os.environ.get(LEASE_ENV, '')}"
     slot = f"{Path(workdir or os.getcwd()).resolve()}|{gpu}"
     name = hashlib.sha256(slot.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"memopt-{os.getuid()}" / f"{name}.sock"
+    return runtime_dir() / f"{name}.sock"
 
 
 def fingerprint(alloc_conf: str) -> str:
@@ -90,8 +92,8 @@ def _wait_gone(pid: int, seconds: float = 60.0) -> None:
 
 def _ensure_worker(path: Path, fp: str, idle_s: float, alloc_conf: str) -> dict:
     """A worker with fingerprint fp listening at path: the running one, or a new one."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(path.with_suffix(".lock"), "w") as lock:
+    lock_fd = open_private(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT)
+    with open(lock_fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two clients never start two workers on one GPU
         hello = _exchange(path, {"op": "hello"})
         if hello is not None and hello["fingerprint"] == fp:
@@ -105,7 +107,7 @@ def _ensure_worker(path: Path, fp: str, idle_s: float, alloc_conf: str) -> dict:
         env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=alloc_conf)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
         cmd = [sys.executable, "-m", "memopt.worker", str(path), fp, str(idle_s)]
-        with open(log, "wb") as out:
+        with open(open_private(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as out:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,  # outlives this job; not killed with its process group
@@ -134,6 +136,7 @@ def run_job(worker: dict, call: str, kwargs: dict, log: Path) -> None:
     with its message alone."""
     if call not in CALLS:
         raise ValueError(f"{call!r} is not a worker call; allowed: {', '.join(CALLS)}")
+    stop_with_snakemake()  # a job (and the worker serving it) does not outlive its Snakemake
     log = Path(log).resolve()
     # One GPU of the host for the job's lifetime (memopt.lease): it pins this process and the
     # worker it talks to (one per GPU), so concurrent jobs never share a GPU. A parallel
@@ -286,7 +289,7 @@ def _job(request: dict, jobs: int) -> dict:
             getattr(pipeline, request["call"])(**request["kwargs"])
             return {"ok": True}
         except MemoptError as err:
-            print(f"memopt: error: {err}")
+            print(f"memopt: error: {redact(str(err))}")
             return {"ok": False, "user_error": str(err)}
         except Exception:
             text = traceback.format_exc()

@@ -4,13 +4,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `pip install -e .`
-from memopt.config import validate_config
+from memopt.closure import code_inputs
+from memopt.config import Params, empty_overrides, validate_config
 from memopt.errors import ConfigError
 from memopt.functions import functions, quality_spec
 from memopt.paper_format import tex_engine
 from memopt.results import FIGURE_NAMES
 from memopt.stages import RULE_STAGES
-from memopt.scripting import code_files
 
 
 if not workflow.overwrite_configfiles:
@@ -19,6 +19,15 @@ if not workflow.overwrite_configfiles:
 
 
 try:
+    if empty := empty_overrides(dict(workflow.config_settings.config)):  # --config alone
+        raise ConfigError(
+            "\n".join(
+                f"--config {key}={{}}: Snakemake merges --config into the config key by key, so "
+                "an empty mapping changes nothing; allowed: the keys to change (e.g. "
+                "techniques={'flash': {'window': 64}}), or a config file with --configfile"
+                for key in empty
+            )
+        )
     STUDY = validate_config(config)
 except ConfigError as err:
     sys.exit(f"memopt: invalid config:\n{err}")
@@ -47,19 +56,33 @@ TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
 
 
+# A summary, figure or paper lists techniques in the config's order (the params below compare
+# mappings whatever their key order: memopt.config.Params).
+TECHNIQUE_ORDER = TECHNIQUES
+
+
+def code(script):
+    """A rule's code inputs: the memopt sources its script can run (memopt.closure), so editing
+    one reruns exactly the rules that import it."""
+    return code_inputs(ROOT / "workflow" / "scripts" / f"{script}.py")
+
+
+def technique_spec(w):
+    return Params(STUDY["techniques"][w.technique])
+
+
 # What a training rule's result depends on besides its inputs: changing any of it reruns it.
 TRAIN_RESOURCES = {"gpu": 1} | ({"gpu_model": STUDY["gpu_model"]} if STUDY["gpu_model"] else {})
 # A search or cell of a parallel technique holds its `gpus` GPUs (memopt.parallel).
 TECHNIQUE_RESOURCES = TRAIN_RESOURCES | {
     "gpu": lambda w: STUDY["techniques"][w.technique]["gpus"]
 }
-TRAIN_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "baseline")}
-SEARCH_PARAMS = TRAIN_PARAMS | {"exactness": STUDY["exactness"]}
-QUALITY_PARAMS = {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "quality")}
-TRAIN_CODE = code_files(
-    "attention", "model", "techniques", "data", "measure", "train", "search", "pipeline", "functions"
+TRAIN_KEYS = ("device", "model", "train", "measure", "search", "baseline")
+TRAIN_PARAMS = Params({k: STUDY[k] for k in TRAIN_KEYS})
+SEARCH_PARAMS = Params({k: STUDY[k] for k in TRAIN_KEYS} | {"exactness": STUDY["exactness"]})
+QUALITY_PARAMS = Params(
+    {k: STUDY[k] for k in ("device", "model", "train", "measure", "search", "quality")}
 )
-QUALITY_CODE = TRAIN_CODE + code_files("quality")
 
 
 wildcard_constraints:

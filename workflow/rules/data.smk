@@ -4,9 +4,9 @@ rule corpus:
         val="data/corpus/val.jsonl",
         stats="data/corpus/stats.json",
     input:
-        code_files("corpus"),
+        code("corpus"),
     params:
-        corpus=STUDY["corpus"],
+        corpus=Params(STUDY["corpus"]),
         cache_dir="data/corpus/.speakleash",
     log:
         "logs/corpus.log",
@@ -23,9 +23,9 @@ rule tokenizer:
         model="data/tokenizer/spm.model",
     input:
         train=rules.corpus.output.train,
-        code=code_files("tokenizer"),
+        code=code("tokenizer"),
     params:
-        tokenizer=STUDY["tokenizer"],
+        tokenizer=Params(STUDY["tokenizer"]),
     # One thread: sentencepiece records its thread count in the model, so the file's hash would
     # otherwise depend on --cores. Training takes seconds either way.
     threads: 1
@@ -46,7 +46,7 @@ rule tokens:
         model=rules.tokenizer.output.model,
         train=rules.corpus.output.train,
         val=rules.corpus.output.val,
-        code=code_files("tokenizer"),
+        code=code("tokens"),
     threads: 4
     log:
         "logs/tokens.log",

@@ -5,7 +5,9 @@ rule aggregate:
     input:
         cells=CELLS,
         quality=QUALITY,
-        code=code_files("results", "verdicts"),
+        code=code("aggregate"),
+    params:
+        order=TECHNIQUE_ORDER,  # the tables' row order (the input list's order)
     log:
         "logs/aggregate.log",
     benchmark:
@@ -29,7 +31,7 @@ rule figures:
         summary=rules.aggregate.output.summary,
         searches=SEARCHES,
         quality=QUALITY,
-        code=code_files("figures", "figures_style", "figures_batch"),
+        code=code("figures"),
     params:
         baseline=STUDY["baseline"],
     threads: 8  # one figure per process (memopt.figures_style.render_all)
@@ -58,9 +60,10 @@ rule render:
         templates=list((ROOT / "paper" / "templates").glob("*.j2")),
         reference=ROOT / "paper" / "reference.yaml",
         benchmarks=STAGE_BENCHMARKS,
-        code=code_files("paper", "paper_format", "paper_reference", "verdicts"),
+        code=code("render"),
     params:
-        study=STUDY,
+        study=Params(STUDY),
+        order=TECHNIQUE_ORDER,
         templates=ROOT / "paper" / "templates",
     log:
         "logs/render.log",
@@ -79,7 +82,7 @@ rule pdf:
     input:
         tex=rules.render.output.tex,
         figures=FIGURES,
-        code=code_files("paper_format"),
+        code=code("pdf"),
     log:
         "logs/pdf.log",
     benchmark:

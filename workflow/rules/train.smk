@@ -12,10 +12,10 @@ rule search:
         exactness="results/exactness/{technique}.json",
     input:
         TOKENS,
-        code=QUALITY_CODE,
+        code=code("search"),
     params:
         study=SEARCH_PARAMS,
-        spec=lambda w: STUDY["techniques"][w.technique],
+        spec=technique_spec,
     resources:
         **TECHNIQUE_RESOURCES,
     threads: 4
@@ -41,10 +41,10 @@ rule cell:
         same=lambda w: (
             f"results/cells/{w.technique}/same.json" if w.batch == "max" and "same" in BATCHES else []
         ),
-        code=TRAIN_CODE,
+        code=code("cell"),
     params:
         study=TRAIN_PARAMS,
-        spec=lambda w: STUDY["techniques"][w.technique],
+        spec=technique_spec,
     resources:
         **TECHNIQUE_RESOURCES,
     threads: 4
@@ -65,10 +65,10 @@ rule quality:
         "results/quality/{function}/{seed}.json",
     input:
         TOKENS,
-        code=QUALITY_CODE,
+        code=code("quality"),
     params:
         study=QUALITY_PARAMS,
-        techniques=lambda w: {t: STUDY["techniques"][t] for t in FUNCTIONS[w.function]},
+        techniques=lambda w: Params({t: STUDY["techniques"][t] for t in FUNCTIONS[w.function]}),
     resources:
         **TRAIN_RESOURCES,
     threads: 4
@@ -82,14 +82,15 @@ rule quality:
         "../scripts/quality.py"
 
 
-# One target per technique: `snakemake --cores all --resources gpu=1 technique_flash` (its cells,
-# its exactness run and the quality runs of its function).
+# One target per technique: `snakemake --cores all --resources gpu=1 technique_flash` (its search
+# and exactness run, its cells and the quality runs of its function).
 for _name in TECHNIQUES:
 
     rule:
         name:
             f"technique_{_name}"
         input:
-            expand("results/cells/{technique}/{batch}.json", technique=_name, batch=BATCHES),
+            f"results/search/{_name}.json",
             f"results/exactness/{_name}.json",
+            expand("results/cells/{technique}/{batch}.json", technique=_name, batch=BATCHES),
             [q for q in QUALITY if q.split("/")[2] in {f for f, m in FUNCTIONS.items() if _name in m}],

@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
 
-from memopt.scripting import worker_settings  # noqa: E402
+from memopt.config import validate_config  # noqa: E402
 from memopt.worker import run_job  # noqa: E402
 
 sm = snakemake  # noqa: F821
@@ -17,4 +17,4 @@ args = dict(
     threads=sm.threads,
     exactness_out=sm.output.exactness,
 )
-run_job(worker_settings(sm.config), "search_file", args, sm.log[0])
+run_job(validate_config(sm.config)["worker"], "search_file", args, sm.log[0])

@@ -1,0 +1,189 @@
+"""The study config's cross-key rules: combinations of values that each pass the schema but cannot
+work together, each refused with both keys, their values and what is allowed (memopt.config runs
+them after the schema)."""
+
+from __future__ import annotations
+
+from memopt.errors import ConfigError
+
+
+def check_cross_keys(cfg: dict) -> None:
+    """Raise ConfigError listing every combination of values that cannot work."""
+    m, problems = cfg["model"], []
+    if m["d_model"] % m["n_heads"]:
+        problems.append(
+            f"model.n_heads: {m['n_heads']} does not divide model.d_model "
+            f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
+        )
+    for name, spec in cfg["techniques"].items():
+        problems += _technique_problems(f"techniques.{name}", spec, cfg)
+        problems += _parallel_problems(f"techniques.{name}", spec, cfg)
+    if cfg["baseline"] not in cfg["techniques"]:
+        problems.append(
+            f"baseline: {cfg['baseline']!r} is not a technique; allowed: "
+            + ", ".join(cfg["techniques"])
+        )
+    meas = cfg["measure"]
+    if meas["min_timed_steps"] > meas["max_timed_steps"]:
+        problems.append(
+            f"measure.min_timed_steps: {meas['min_timed_steps']} is larger than "
+            f"measure.max_timed_steps ({meas['max_timed_steps']}); allowed: <= "
+            f"{meas['max_timed_steps']}"
+        )
+    c = cfg["corpus"]
+    if c["source"] == "mirror" and not c.get("mirror"):
+        problems.append(
+            "corpus.mirror: None is not allowed with corpus.source 'mirror'; "
+            "allowed: a directory or http(s) URL in speakleash layout"
+        )
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+# Knob values that need a CUDA GPU, with what a CPU allows instead.
+_GPU_ONLY = {
+    ("precision", "fp8"): "FP8 tensor cores are a GPU's; allowed on a CPU: fp32, tf32, bf16, fp16",
+    ("offload", "activations"): "it moves saved activations from GPU to host memory, where a "
+    "CPU run keeps them already; allowed on a CPU: none",
+    ("loss", "liger"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
+    ("loss", "cce"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
+    (
+        "attention",
+        "efficient",
+    ): "PyTorch has no CPU kernel of it; allowed on a CPU: math, flash, auto",
+    ("attention", "cudnn"): "cuDNN runs on NVIDIA GPUs; allowed on a CPU: math, flash, auto",
+    (
+        "attention",
+        "flex",
+    ): "memopt runs FlexAttention on CUDA only; allowed on a CPU: math, flash, auto",
+    (
+        "attention",
+        "flash_attn",
+    ): "the flash-attn package runs on CUDA GPUs; allowed on a CPU: math, flash, auto",
+}
+# Precisions whose activations (attention's inputs) are 16-bit: memopt.precision.AUTOCAST_DTYPES.
+_SIXTEEN_BIT = ("bf16", "fp16", "fp8")
+# Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
+_CUDA_16BIT_ONLY = ("flash", "cudnn", "flash_attn")
+
+
+def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
+    """Knob combinations that cannot work, each named with both keys and why."""
+    problems, w = [], spec.get("window")
+    seq_len = cfg["model"]["seq_len"]
+    if w is not None and w > seq_len:
+        problems.append(
+            f"{key}.window: {w} is larger than model.seq_len ({seq_len}); allowed: 1..{seq_len}"
+        )
+    if spec["attention"] in ("flash", "efficient", "cudnn") and w is not None:
+        problems.append(
+            f"{key}.attention: {spec['attention']!r} (PyTorch SDPA) has no sliding window "
+            f"(window {w}); allowed with a window: math, flex, flash_attn, auto"
+        )
+    # In-backward updates run as soon as each gradient is complete: nothing may need all of them.
+    clashes = [
+        (cfg["train"]["grad_clip"] > 0, "train.grad_clip", cfg["train"]["grad_clip"],
+         "global clipping needs every gradient at once", "train.grad_clip 0 for the whole study"),
+        (spec["grad_accum"] > 1, f"{key}.grad_accum", spec["grad_accum"],
+         "every micro-batch would update the weights", "grad_accum 1"),
+        (spec["precision"] == "fp16", f"{key}.precision", "fp16",
+         "loss scaling unscales and checks every gradient before any update",
+         "precision fp32, tf32, bf16 or fp8"),
+    ]  # fmt: skip
+    for clash, other, value, reason, allowed in clashes:
+        if spec["optimizer_in_backward"] and clash:
+            problems.append(
+                f"{key}.optimizer_in_backward: true is not allowed with {other} {value!r} "
+                f"({reason}; in-backward updates free each gradient as soon as it is "
+                f"complete); allowed: optimizer_in_backward false, or {allowed}"
+            )
+    if spec["loss"] == "liger" and spec["precision"] == "fp16":
+        problems.append(
+            f"{key}.loss: 'liger' is not allowed with {key}.precision 'fp16' (liger computes the "
+            "logits' gradient in the forward pass, in FP16, before loss scaling can lift it: "
+            "most of it underflows to zero); allowed with fp16: standard, chunked, cce"
+        )
+    budget = spec["compile_memory_budget"]
+    if budget is not None and not spec["compile"]:
+        problems.append(
+            f"{key}.compile_memory_budget: {budget} needs {key}.compile true (it is "
+            "torch.compile's activation budget); allowed: compile true, or "
+            "compile_memory_budget null"
+        )
+    if spec["grad_accum"] > cfg["exactness"]["batch"]:
+        problems.append(
+            f"{key}.grad_accum: {spec['grad_accum']} is larger than exactness.batch "
+            f"({cfg['exactness']['batch']}), which its exactness run splits into grad_accum "
+            f"micro-batches; allowed: 1..{cfg['exactness']['batch']}, or a larger "
+            "exactness.batch"
+        )
+    if (
+        cfg["device"] == "cuda"
+        and spec["attention"] in _CUDA_16BIT_ONLY
+        and spec["precision"] not in _SIXTEEN_BIT
+    ):
+        problems.append(
+            f"{key}.attention: {spec['attention']!r} cannot run with {key}.precision "
+            f"{spec['precision']!r} on device 'cuda' (the kernel takes FP16/BF16 inputs only); "
+            f"allowed with {spec['precision']}: math, efficient, flex, auto; or precision bf16 "
+            "or fp16"
+        )
+    if cfg["device"] == "cpu":
+        for knob in ("precision", "offload", "loss", "attention"):
+            value = spec[knob]
+            if (knob, value) in _GPU_ONLY:
+                problems.append(
+                    f"{key}.{knob}: {value!r} is not allowed with device 'cpu' "
+                    f"({_GPU_ONLY[knob, value]})"
+                )
+    return problems
+
+
+# What each parallel mode may shard, and knobs not combined with sharding (not measured with it).
+_SHARDS = {"none": ("none",), "ddp": ("none", "optimizer"), "fsdp2": ("grads", "full")}
+_NOT_PARALLEL = {
+    "offload": ("none", "its hooks move tensors that FSDP2 also manages"),
+    "optimizer_in_backward": (False, "its per-parameter hooks run before gradients are reduced"),
+    "optimizer": ("adamw", "sharding is measured with AdamW; others are not"),
+}
+
+
+def _parallel_problems(key: str, spec: dict, cfg: dict) -> list[str]:
+    """The parallel, shard and gpus knobs (memopt.parallel)."""
+    mode, shard, gpus, problems = spec["parallel"], spec["shard"], spec["gpus"], []
+    if shard not in _SHARDS[mode]:
+        problems.append(
+            f"{key}.shard: {shard!r} is not allowed with {key}.parallel {mode!r}; allowed: "
+            + ", ".join(_SHARDS[mode])
+        )
+    if (mode == "none") != (gpus == 1):
+        allowed = "1" if mode == "none" else "2 or more"
+        problems.append(
+            f"{key}.gpus: {gpus} is not allowed with {key}.parallel {mode!r}; allowed: {allowed}"
+        )
+    if mode == "none":
+        return problems
+    for knob, (allowed, why) in _NOT_PARALLEL.items():
+        if spec[knob] != allowed:
+            problems.append(
+                f"{key}.{knob}: {spec[knob]!r} is not allowed with {key}.parallel {mode!r} "
+                f"({why}); allowed: {allowed!r}, or parallel none"
+            )
+    if spec["precision"] in ("fp16", "fp8"):
+        problems.append(
+            f"{key}.precision: {spec['precision']!r} is not allowed with {key}.parallel {mode!r} "
+            "(loss scaling and FP8 casts of sharded weights are not measured); allowed: fp32, "
+            "tf32, bf16, or parallel none"
+        )
+    if mode == "fsdp2" and spec["compile"]:
+        problems.append(
+            f"{key}.compile: true is not allowed with {key}.parallel 'fsdp2' (compiling across "
+            "FSDP2's hooks is not measured); allowed: compile false, or parallel ddp"
+        )
+    if cfg["exactness"]["batch"] % gpus:
+        problems.append(
+            f"{key}.gpus: {gpus} does not divide exactness.batch ({cfg['exactness']['batch']}), "
+            "which its exactness run splits evenly across the GPUs; allowed: a divisor of it, "
+            "or another exactness.batch"
+        )
+    return problems
