@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import DATASET, _prose, write_speakleash_mirror
+from plan_runner import parse_plan
 
 from memopt.paper_format import tex_engine
 
@@ -100,13 +100,7 @@ def unlock(wd: Path) -> str:
 def planned(wd: Path, *args) -> dict[str, int]:
     """Jobs a dry run would run, per rule (empty when there is nothing to do)."""
     proc = snakemake(wd, "-n", *args)
-    out = proc.stdout + proc.stderr
-    if "Nothing to be done" in out:
-        return {}
-    table = out.split("Job stats:", 1)[1]
-    jobs = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M))
-    jobs.pop("total", None)
-    return {k: int(v) for k, v in jobs.items()}
+    return parse_plan(proc.stdout + proc.stderr)
 
 
 def running_job(wd: Path, since: float, log_glob: str, output: str, marker: str) -> Path | None:
@@ -147,19 +141,15 @@ def wait_for_job(proc: subprocess.Popen, wd: Path, since: float, points: list[tu
         time.sleep(0.02)
 
 
-def run_until_killed(wd: Path, points: list[tuple], *args, group: bool = True):
-    """Start the study (with `args`); SIGKILL its process group (or, group=False, the Snakemake
-    process alone) once a job of one of `points` runs (the earliest in the list, if several);
-    that job's kind and output."""
+def run_until_killed(wd: Path, points: list[tuple], *args):
+    """Start the study (with `args`); SIGKILL its process group once a job of one of `points`
+    runs (the earliest in the list, if several); that job's kind and output."""
     since = time.time() - 1  # file times may be coarser than time.time()
     proc = start_study(wd, *args)
     try:
-        name, out = wait_for_job(proc, wd, since, points)
-        (os.killpg if group else os.kill)(proc.pid, signal.SIGKILL)
-        return name, out
+        return wait_for_job(proc, wd, since, points)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 

@@ -28,11 +28,19 @@ def test_closure_follows_every_kind_of_import(tmp_path):
     write(pkg / "sub" / "d.py", "from ..e import x\n")
     write(pkg / "e.py", "x = 2\n")
     write(pkg / "unused.py", "import pkg.a\n")
+    write(
+        pkg / "launch.py",
+        'import subprocess, sys\nsubprocess.run([sys.executable, "-m", "pkg.f"])\n',
+    )
+    write(pkg / "f.py", "import importlib\nimportlib.import_module('pkg.g')\nNAME = 'pkg.unused'\n")
+    write(pkg / "g.py", "")
     script = write(tmp_path / "script.py", "from pkg.a import f\nimport pkg.sub.d\nimport json\n")
     got = {p.relative_to(pkg).as_posix() for p in closure([script], pkg)}
     assert got == {"__init__.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/d.py", "e.py"}
     # A module that only imports: its own closure, not its importers'.
     assert {p.name for p in closure([pkg / "sub" / "d.py"], pkg)} == {"__init__.py", "e.py"}
+    # Modules run by name: a process started with -m, importlib (a mere string is not code).
+    assert {p.name for p in closure([pkg / "launch.py"], pkg)} == {"__init__.py", "f.py", "g.py"}
 
 
 def test_the_rules_code_is_their_scripts_closure():

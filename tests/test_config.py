@@ -225,6 +225,9 @@ def test_params_compare_in_canonical_form():
         "a": True,
         "b": [{"x": 0.5, "y": 2}],
     }
+    # Snakemake keeps the repr in .snakemake/metadata and prints it: no password in it.
+    secret = Params({"corpus": {"mirror": "https://reader:hunter2@example.org/sl/"}})
+    assert "hunter2" not in repr(secret) and "hunter2@" in secret["corpus"]["mirror"]
 
 
 def test_empty_config_overrides_are_named():

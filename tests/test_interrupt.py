@@ -1,5 +1,5 @@
 """Issue 14: a study killed with SIGKILL (its whole process group: Snakemake, its jobs' scripts)
-at several points resumes as the README says (`snakemake --unlock`, then the same command) and
+at several points resumes as the README says (`memopt unlock`, then the same command) and
 ends where an uninterrupted run ends; a job killed mid-run leaves no result file and is redone."""
 
 from __future__ import annotations

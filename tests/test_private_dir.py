@@ -114,8 +114,21 @@ def test_a_link_planted_for_a_gpu_lock_is_not_followed(temp, monkeypatch):
     with pytest.raises(MemoptError, match="gpu0.lock is a symbolic link"), lease.gpu_lease():
         pass
     assert untouched(victim)
-    # A lock folder named by MEMOPT_GPU_LOCK_DIR gets the same check.
+    # A lock folder named by MEMOPT_GPU_LOCK_DIR gets the same check, and the message names it.
     monkeypatch.setenv(lease.LOCK_DIR_ENV, str(victim.parent))
     victim.parent.chmod(0o755)
-    with pytest.raises(MemoptError, match="is open to other users \\(mode 755"):
+    with pytest.raises(MemoptError, match="open to other users \\(mode 755.*MEMOPT_GPU_LOCK_DIR"):
         lease.lock_dir()
+
+
+def test_the_gpus_folder_an_earlier_memopt_left_open_is_closed(temp, monkeypatch):
+    """memopt made `gpus/` with mode 755 before it checked its folders: inside the checked
+    runtime folder (which nobody else can write) it is made private, not refused."""
+    folder, _ = temp
+    monkeypatch.setenv(lease.FAKE_ENV, "gpu0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (runtime_dir() / "gpus").mkdir(mode=0o755)
+    (folder / "gpus").chmod(0o755)
+    with lease.gpu_lease() as gpu:
+        assert gpu.key == "gpu0"
+    assert stat.S_IMODE((folder / "gpus").stat().st_mode) == 0o700

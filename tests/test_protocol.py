@@ -1,6 +1,7 @@
 """Protocol v2: the adaptive stopping rule, function grouping, the exactness check and the
 allocator counters (issue 11)."""
 
+import math
 import random
 import statistics
 
@@ -181,6 +182,10 @@ def test_exactness_fails_an_inexact_technique():
     assert not {r["technique"]: r for r in exactness(records, TECHNIQUES, tol)["rows"]}["gradcp"][
         "ok"
     ]
+    # As written to JSON (issue 31: no NaN in a result): null, still a failed check.
+    records[-1] = _record("gradcp", ref[:5] + [None] * 5)
+    row = {r["technique"]: r for r in exactness(records, TECHNIQUES, tol)["rows"]}["gradcp"]
+    assert row["ok"] is False and row["max_abs_diff"] == math.inf
 
 
 def test_exactness_on_a_real_inexact_kernel(tiny_study, monkeypatch):

@@ -5,11 +5,14 @@ name. Each test breaks its own copy of the finished study."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ from smoke_workflow import (
     wait_for_job,
 )
 
-from memopt.closure import closure
+from memopt.closure import closure, module_file
 from memopt.processes import study_processes
 
 pytestmark = pytest.mark.slow
@@ -41,34 +44,38 @@ def importing_rules(wd: Path, module: Path) -> list[str]:
     return [s.stem for s in scripts if module.resolve() in closure([s], package.resolve())]
 
 
+def dry_runs(wd: Path, requests: list[dict]) -> list[dict[str, int]]:
+    """Many dry runs in one process (tests/plan_runner.py): the jobs each would run, per rule."""
+    path = wd / "plan-requests.json"
+    path.write_text(json.dumps(requests))
+    runner = Path(__file__).with_name("plan_runner.py")
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(path)], cwd=wd, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_every_module_edit_reruns_exactly_the_rules_that_import_it(smoke, tmp_path):
     """Finding 1: for each module of src/memopt, editing it plans what forcing the rules whose
     closure holds it plans (those rules and what depends on them), and nothing when none does."""
-    copies = [copy_study(smoke[0], tmp_path / f"copy{i}") for i in range(2)]
-    modules = sorted(p.name for p in (copies[0] / "src" / "memopt").glob("*.py"))
-
-    def check(wd: Path, names: list[str]) -> list[str]:
-        forced: dict[tuple, dict] = {(): {}}
-        wrong = []
-        for name in names:
-            module = wd / "src" / "memopt" / name
-            rules = tuple(importing_rules(wd, module))
-            if rules not in forced:
-                forced[rules] = planned(wd, "--forcerun", *rules)
-            saved = module.read_bytes()
-            module.write_bytes(saved + b"\n# edited\n")
-            try:
-                got = planned(wd)
-            finally:
-                module.write_bytes(saved)
-            if got != forced[rules]:
-                wrong.append(f"{name}: planned {got}, expected {forced[rules]} (rules {rules})")
-        return wrong
-
-    with ThreadPoolExecutor(2) as pool:  # two copies: one dry run per core
-        wrong = sum(pool.map(check, copies, [modules[0::2], modules[1::2]]), [])
+    wd = copy_study(smoke[0], tmp_path / "study")
+    modules = sorted(p.name for p in (wd / "src" / "memopt").glob("*.py"))
+    rules = {m: tuple(importing_rules(wd, wd / "src" / "memopt" / m)) for m in modules}
+    forced = sorted({r for r in rules.values() if r})
+    requests = [{"args": ["--forcerun", *r]} for r in forced]
+    requests += [{"args": [], "append": f"src/memopt/{m}"} for m in modules]
+    plans = dry_runs(wd, requests)
+    expected = dict(zip(forced, plans)) | {(): {}}
+    wrong = [
+        f"{m}: planned {got}, expected {expected[rules[m]]} (rules {rules[m]})"
+        for m, got in zip(modules, plans[len(forced) :])
+        if got != expected[rules[m]]
+    ]
     assert not wrong, "\n".join(wrong)
-    assert planned(copies[0]) == {}  # restored: nothing to do
+    assert expected[("cell", "quality", "search")]["cell"] > 0  # forcing plans something
+    assert planned(wd) == {}  # every module restored: nothing to do
 
 
 def reordered(value, keep_order: tuple = ()):
@@ -158,20 +165,31 @@ def test_snakemake_killed_alone_leaves_no_job_running(smoke, tmp_path):
     """Finding 4: kill -9 of the Snakemake process alone. Its job and the warm worker serving it
     stop within seconds, write nothing, and the next run meets the lock as the README says."""
     wd = copy_study(smoke[0], tmp_path / "study")
-    _, out = run_until_killed(wd, [SEARCH_TRAINING], "--forcerun", SEARCH, group=False)
-    deadline = time.monotonic() + 10
-    while processes_in(wd) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_in(wd) == [] and study_processes(wd) == []
-    assert not out.exists()
+    since = time.time() - 1
+    proc = start_study(wd, "--forcerun", SEARCH)
+    try:
+        _, out = wait_for_job(proc, wd, since, [SEARCH_TRAINING])
+        jobs = [pid for pid, _ in study_processes(wd) if pid != proc.pid]
+        assert jobs  # the search's script (its warm worker is not listed: it is no job)
+        proc.kill()  # Snakemake alone: nothing here signals its jobs
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while processes_in(wd) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_in(wd) == [] and study_processes(wd) == []
+        assert not out.exists()
+    finally:
+        if processes_in(wd):  # only when the test failed: the jobs are gone by now
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     proc = snakemake(wd, check=False)
     assert proc.returncode != 0 and "cannot be locked" in proc.stdout + proc.stderr
     assert "incomplete" not in (proc.stdout + proc.stderr).lower()
     assert "removed the Snakemake lock" in unlock(wd)
-    snakemake(wd)
+    assert planned(wd)["search"] == 1
+    snakemake(wd, SEARCH)  # resumes: the search the kill stopped runs again
     search = json.loads(out.read_text())
     assert search["max_batch"] == json.loads((smoke[0] / SEARCH).read_text())["max_batch"]
-    assert planned(wd) == {}
 
 
 def test_sigterm_lets_the_running_job_finish_then_stops(smoke, tmp_path):
@@ -187,9 +205,7 @@ def test_sigterm_lets_the_running_job_finish_then_stops(smoke, tmp_path):
     assert "Will exit after finishing currently running jobs" in said
     assert "At least one job did not complete successfully" in said
     assert out.exists() and json.loads(out.read_text())["status"] == "ok"
-    assert planned(wd) == PAPER_JOBS
-    snakemake(wd)
-    assert planned(wd) == {}
+    assert planned(wd) == PAPER_JOBS  # the rest, and only the rest
 
 
 def test_damaged_data_files_stop_their_jobs_by_name(smoke, tmp_path):
@@ -213,3 +229,62 @@ def test_damaged_data_files_stop_their_jobs_by_name(smoke, tmp_path):
     said = proc.stdout + proc.stderr
     assert "memopt: error: data/tokenizer/spm.model: its SHA-256 differs" in said
     assert "Traceback" not in said
+
+
+TRACER = """
+import atexit, json, os, sys
+
+
+def _dump():
+    names = sorted(m for m in sys.modules if m == "memopt" or m.startswith("memopt."))
+    with open(os.path.join(os.environ["MEMOPT_TEST_TRACE"], f"{os.getpid()}.json"), "w") as f:
+        json.dump({"argv": sys.argv, "modules": names}, f)
+
+
+if os.environ.get("MEMOPT_TEST_TRACE"):
+    atexit.register(_dump)
+"""
+
+
+def test_the_modules_real_jobs_load_are_in_their_rules_closure(smoke, tmp_path, monkeypatch):
+    """Finding 1, checked against what runs rather than against memopt.closure itself: every
+    Python process of a job (its script; the warm worker, which runs only training jobs) writes
+    the memopt modules it loaded when it exits (a sitecustomize.py on PYTHONPATH), and each
+    must be in the closure its rule lists as inputs."""
+    wd = copy_study(smoke[0], tmp_path / "study")
+    site, trace = tmp_path / "site", tmp_path / "trace"
+    site.mkdir(), trace.mkdir()
+    (site / "sitecustomize.py").write_text(TRACER)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setenv("MEMOPT_TEST_TRACE", str(trace))
+    # A search and a quality run, then what depends on them (cells, summary, figures, paper);
+    # the worker idles out a second after its last job; then the data rules on their own.
+    snakemake(wd, "--forcerun", SEARCH, QUALITY, "--config", "worker={'idle_s': 1}")
+    for path in ("data/corpus", "data/tokenizer", "data/tokens"):
+        shutil.rmtree(wd / path)
+    snakemake(wd, "data/tokens/meta.json")
+    time.sleep(3)
+    package = (wd / "src" / "memopt").resolve()
+    scripts = wd / "workflow" / "scripts"
+    code = {s.stem: {p.resolve() for p in closure([s], package)} for s in scripts.glob("*.py")}
+    training = code["search"] & code["cell"] & code["quality"]
+    seen, outside = set(), []
+    for record in map(json.loads, (p.read_text() for p in trace.glob("*.json"))):
+        first = record["argv"][0]
+        if "/.snakemake/scripts/" in first:
+            rule = first.rsplit(".", 2)[-2]  # .snakemake/scripts/tmpXXXX.<rule>.py
+            allowed = code[rule]
+        elif first.endswith("memopt/worker.py"):
+            rule, allowed = "worker", training
+        else:
+            continue  # Snakemake itself
+        seen.add(rule)
+        for name in record["modules"]:
+            path = module_file(name, package)
+            if path is not None and path.resolve() not in allowed:
+                outside.append(f"{rule} loaded {name}, not in its closure")
+    assert not outside, "\n".join(outside)
+    expected = {"corpus", "tokenizer", "tokens", "search", "cell", "quality", "aggregate"}
+    assert expected | {"figures", "render", "worker"} | ({"pdf"} if PDF else set()) <= seen, seen

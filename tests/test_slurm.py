@@ -53,7 +53,6 @@ def test_smoke_study_runs_on_slurm_through_the_profile(slurm, mirror, tmp_path):
         {"source": "mirror", "mirror": str(mirror.path), "dataset": DATASET},
         techniques=["baseline", "lean"],
     )
-    shutil.copytree(ROOT / "profiles", wd / "profiles")
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     # The README's command, with this small node's sizes: 2 CPUs, ~22 GiB, two fake GPUs of type
     # `fake`, partition main, account memopt.

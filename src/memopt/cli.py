@@ -128,10 +128,14 @@ def cmd_unlock(args) -> None:
     running = wait_for_study_processes(Path.cwd(), args.wait)
     if running:
         raise MemoptError(
-            f"not unlocking {Path.cwd()}: a Snakemake run or its jobs still run here after "
+            f"not unlocking {Path.cwd()}: a Snakemake run or its jobs still run for it after "
             f"{args.wait:g} s:\n"
-            + "\n".join(f"  pid {pid}: {cmd[:150]}" for pid, cmd in running)
-            + "\nwait for them to end, or stop them (kill PID), then run memopt unlock again"
+            + "\n".join(
+                f"  pid {pid}: {cmd[:150]}" if isinstance(pid, int) else f"  SLURM job {pid}: {cmd}"
+                for pid, cmd in running
+            )
+            + "\nwait for them to end, or stop them (kill PID, scancel JOBID), then run memopt "
+            "unlock again"
         )
     for lock in locks.glob("*"):
         lock.unlink()
@@ -189,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove the Snakemake lock a killed run left in this folder, once nothing runs here",
         description="After kill -9 (or a crash) Snakemake leaves its lock on the working folder. "
         "This removes it only when no Snakemake run and none of its jobs is still running in the "
-        "folder (an orphaned job would otherwise race the next run).",
+        "folder, nor any SLURM job Snakemake submitted from it (squeue): an orphaned job would "
+        "otherwise race the next run.",
     )
     sp.add_argument(
         "--wait", type=float, default=15.0,

@@ -2,9 +2,11 @@
 
 A rule lists as inputs the memopt source files its script can execute, so editing one of them
 reruns exactly the rules that can run it, and a new import is picked up without anyone updating a
-list. The closure is read from the sources (every `import` statement, lazy ones inside functions
-included; a package's `__init__` counts for each module under it, as Python runs it first), not by
-importing anything: the Snakefile computes it for every rule while it builds the DAG.
+list. The closure is read from the sources, not by importing anything (the Snakefile computes it
+for every rule while it builds the DAG): every `import` statement, lazy ones inside functions
+included; a module started by name (`python -m memopt.x` in an argument list,
+`importlib.import_module("memopt.x")`); a package's `__init__` for each module under it, as
+Python runs it first. tests/test_rebuild.py checks it against the modules real jobs load.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ def _module_name(path: Path, package_dir: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _run_by_name(node: ast.AST) -> list[str]:
+    """Modules named as text that the code runs: `[..., "-m", "memopt.x", ...]` (a process it
+    starts) and `importlib.import_module("memopt.x")`."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+        return [b for a, b in zip(items, items[1:]) if a == "-m" and isinstance(b, str)]
+    if (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return [node.args[0].value]
+    return []
+
+
 @lru_cache(maxsize=None)
 def _imports_cached(path: Path, mtime_ns: int, package: str) -> frozenset[str]:
     """Every module name an import statement in `path` names (and `from X import y`'s X.y, which
@@ -43,6 +62,7 @@ def _imports_cached(path: Path, mtime_ns: int, package: str) -> frozenset[str]:
     tree = ast.parse(path.read_bytes(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
+        names.update(_run_by_name(node))
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

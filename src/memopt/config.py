@@ -18,6 +18,7 @@ import yaml
 
 from memopt.config_rules import check_cross_keys
 from memopt.errors import ConfigError
+from memopt.redact import redact
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -234,10 +235,11 @@ class Params(dict):
     """A rule parameter as Snakemake should compare it. Snakemake reruns a job when the repr of a
     parameter changed, and a dict's repr follows its key order: the same config with two keys
     swapped would rerun every job. This dict (its values exactly as given) shows Snakemake its
-    canonical form instead, and reaches the job's script as a plain dict."""
+    canonical form instead, credentials in URLs redacted (Snakemake stores the repr in
+    .snakemake/metadata and prints it), and reaches the job's script as a plain dict."""
 
     def __repr__(self) -> str:
-        return json.dumps(canonical(dict(self)), sort_keys=True)
+        return json.dumps(canonical(redact(dict(self))), sort_keys=True)
 
     def __reduce__(self):
         return dict, (dict(self),)

@@ -87,8 +87,8 @@ def candidates() -> list[Gpu]:
 def lock_dir() -> Path:
     """The checked folder of the lease lock files (created if missing)."""
     if os.environ.get(LOCK_DIR_ENV):
-        return private_dir(Path(os.environ[LOCK_DIR_ENV]))
-    return private_dir(runtime_dir() / "gpus")
+        return private_dir(Path(os.environ[LOCK_DIR_ENV]), env=LOCK_DIR_ENV)
+    return private_dir(runtime_dir() / "gpus", repair=True)  # inside a checked folder
 
 
 def _try_lock(path: Path) -> int | None:

@@ -68,9 +68,13 @@ def search_file(
     if exactness_out is not None:  # (kept across a parallel search's launches)
         exact = parallel.saved("exactness") or run_exactness(cfg, technique, data, device)
         parallel.save("exactness", exact)
+        first, last = (
+            "non-finite" if x is None else f"{x:.4f}"
+            for x in (exact["losses"][0], exact["losses"][-1])
+        )
         print(
             f"[exactness {technique}] {exact['steps']} steps at batch {exact['batch_size']}: "
-            f"loss {exact['losses'][0]:.4f} -> {exact['losses'][-1]:.4f}"
+            f"loss {first} -> {last}"
         )
     result = search_max_batch(cfg, technique, data, device)
     if parallel.is_main():  # one rank writes a parallel technique's results

@@ -25,9 +25,12 @@ def runtime_dir() -> Path:
     return private_dir(Path(os.environ.get(RUNTIME_ENV) or default))
 
 
-def private_dir(path: Path) -> Path:
+def private_dir(path: Path, env: str = RUNTIME_ENV, repair: bool = False) -> Path:
     """`path` as a folder only this user can use: made with mode 0700 if missing, else checked
-    (not a link, a folder, this user's, no access for group or others)."""
+    (not a link, a folder, this user's, no access for group or others). With `repair`, for a
+    folder inside a checked one (nobody else could have made it), an open mode is closed instead
+    of refused: memopt made `gpus/` with mode 755 before it checked its folders. `env` is the
+    variable that moves the folder, named in the message."""
     path = Path(path)
     try:
         os.mkdir(path, 0o700)
@@ -43,13 +46,15 @@ def private_dir(path: Path) -> Path:
         problem = "is not a folder"
     elif info.st_uid != os.getuid():
         problem = f"belongs to user id {info.st_uid}, not to you ({os.getuid()})"
+    elif info.st_mode & 0o077 and repair:
+        os.chmod(path, 0o700, follow_symlinks=False)
     elif info.st_mode & 0o077:
         problem = f"is open to other users (mode {stat.S_IMODE(info.st_mode):o}; allowed: 700)"
     if problem:
         raise MemoptError(
             f"memopt's runtime folder {path} {problem}: memopt keeps its workers' sockets and logs "
             "and its GPU leases there, and writes nowhere it does not trust. Remove it if it is "
-            f"yours (or chmod 700 it), or set {RUNTIME_ENV} to a folder of your own"
+            f"yours (or chmod 700 it), or set {env} to a folder of your own"
         )
     return path
 

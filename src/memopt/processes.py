@@ -1,5 +1,6 @@
 """The processes of a study, read from /proc (Linux): a job stops when the Snakemake process that
-started it dies, and an unlock refuses while a study's processes still run.
+started it dies, and an unlock refuses while a study's processes (or, on a SLURM cluster, its
+SLURM jobs) still run.
 
 Snakemake killed alone (`kill -9` of its pid, an OOM kill) leaves its jobs' processes running:
 they would finish and write results no Snakemake records, and race the next run. Every job
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,13 +30,14 @@ JOB_MARKS = ("/.snakemake/scripts/", "memopt.distributed", "torchrun")
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of a process; None when it is gone."""
+    """(parent pid, start time in clock ticks) of a process; None when it is gone (or dead and
+    not yet reaped: a zombie)."""
     try:
         text = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
     fields = text.rpartition(")")[2].split()  # the name before it may hold spaces and parens
-    return int(fields[1]), int(fields[19])
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[19]))
 
 
 def cmdline(pid: int) -> list[str]:
@@ -132,9 +136,34 @@ def study_processes(workdir: Path) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def wait_for_study_processes(workdir: Path, seconds: float) -> list[tuple[int, str]]:
-    """study_processes(workdir) once they are gone, or those still there after `seconds`."""
+def slurm_jobs(workdir: Path) -> list[tuple[str, str]]:
+    """(job id, comment) of this user's queued or running SLURM jobs that Snakemake's SLURM
+    executor submitted from `workdir` (it sets their working directory and a comment
+    `rule_<name>...`). A login node's Snakemake killed with -9 cannot cancel them: they run on.
+    None where squeue is not installed."""
+    if shutil.which("squeue") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["squeue", "--me", "--noheader", "--format=%i|%Z|%k"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        job, folder, comment = (line.split("|", 2) + ["", ""])[:3]
+        if comment.startswith("rule_") and Path(folder.strip()) == Path(workdir).resolve():
+            found.append((job.strip(), comment.strip()))
+    return found
+
+
+def wait_for_study_processes(workdir: Path, seconds: float) -> list[tuple[int | str, str]]:
+    """Nothing once the study's processes and SLURM jobs are gone, else those still there after
+    `seconds`: (pid, command line), or (SLURM job id, its comment)."""
     end = time.monotonic() + seconds
-    while (running := study_processes(workdir)) and time.monotonic() < end:
+    while True:
+        running = study_processes(workdir) + slurm_jobs(workdir)
+        if not running or time.monotonic() >= end:
+            return running
         time.sleep(0.5)
-    return running

@@ -120,6 +120,14 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
     return {"reference_function": ref_function, "rows": rows}
 
 
+def _diff(a: float | None, b: float | None, signed: bool = False) -> float:
+    """a - b (or |a - b|) of two exactness losses; a non-finite one (null in the JSON) gives
+    inf (NaN signed), so the comparison fails."""
+    if a is None or b is None:
+        return math.nan if signed else math.inf
+    return a - b if signed else abs(a - b)
+
+
 def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict) -> dict:
     """Each technique's loss trajectory against its function's reference's (same batch, steps,
     initialization and batches): the largest per-step difference must be within the tolerance of
@@ -149,11 +157,11 @@ def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict)
                 "or has another number of steps; rerun both searches"
             )
         else:
-            diffs = [abs(a - b) for a, b in zip(mine, theirs)]
+            diffs = [_diff(a, b) for a, b in zip(mine, theirs)]
             finite = all(math.isfinite(d) for d in diffs)
             row.update(
                 max_abs_diff=max(diffs) if finite else math.inf,
-                final_diff=mine[-1] - theirs[-1],
+                final_diff=_diff(mine[-1], theirs[-1], signed=True),
                 ok=finite and max(diffs) <= tol,
             )
         rows.append(row)
@@ -191,7 +199,7 @@ def _controls(rows: list[dict], by_name: dict, techniques: dict) -> list[dict]:
         mine, theirs = by_name[r["technique"]]["losses"], by_name[other["technique"]]["losses"]
         if len(mine) != len(theirs):
             continue
-        diff = max(abs(a - b) for a, b in zip(mine, theirs))
+        diff = max(_diff(a, b) for a, b in zip(mine, theirs))
         out.append(
             {"technique": r["technique"], "against": other["technique"], "max_abs_diff": diff,
              "tolerance": r["tolerance"], "within": diff <= r["tolerance"]}
