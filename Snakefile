@@ -1,8 +1,8 @@
 # memopt: corpus -> tokenizer -> tokens -> max-batch search -> cells -> summary -> figures -> paper.
 # Each rule's logic is one function in src/memopt/; the scripts in workflow/scripts are adapters.
 #   snakemake --cores all --resources gpu=1                            the default study (GPU)
-#   snakemake --cores all --resources gpu=1 --configfile config/smoke.yaml   the CPU smoke study
-# See README.md for targets, offline use and what every config key means.
+#   snakemake --profile profiles/smoke                                 the CPU smoke study (runs/smoke/)
+# See docs/running.md for targets and offline use, docs/configuration.md for every config key.
 
 
 report: "workflow/report/workflow.rst"
@@ -12,6 +12,18 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/paper.smk"
+
+
+# Before the first job: this folder is this study's (claimed for it), and the study's device is
+# here when training jobs run locally (memopt.study_run). Not in a dry run.
+onstart:
+    try:
+        if workflow.local_exec:
+            planned = {job.rule.name for job in workflow.dag.needrun_jobs()}
+            check_device_here(STUDY, planned, sys.argv)
+        claim_folder(STUDY["study"], Path.cwd())
+    except ConfigError as err:
+        sys.exit(f"memopt: {err}")
 
 
 # Every result the paper is made of, not only the paper: Snakemake skips a missing intermediate

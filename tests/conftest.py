@@ -136,6 +136,7 @@ def write_random_tokens(folder: Path, train: int = 40_000, val: int = 4_000) -> 
     """Token files of random ids below 300 (seeded) with a meta.json that matches them."""
     import numpy as np
 
+    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     rng.integers(0, 300, train).astype(np.uint16).tofile(folder / "train.bin")
     rng.integers(0, 300, val).astype(np.uint16).tofile(folder / "val.bin")

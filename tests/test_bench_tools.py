@@ -119,7 +119,7 @@ def test_scaleout_report_finds_overlaps_and_refuses_sharing(tmp_path, capsys):
 
 
 def test_committed_scaleout_check_shows_two_gpus_at_once_and_same_timings(capsys):
-    """studies/h200x2-scaleout (README, "Scale out"): two H200 UUIDs, jobs at once on both, none
+    """studies/h200x2-scaleout (docs/scale-out.md): two H200 UUIDs, jobs at once on both, none
     overlapping on one, each cell's median step time within 2% of the one-GPU run's."""
     runs = ROOT / "studies" / "h200x2-scaleout"
     sys.argv = ["scaleout_report", str(runs / "gpus1"), str(runs / "gpus2")]
@@ -131,7 +131,7 @@ def test_committed_scaleout_check_shows_two_gpus_at_once_and_same_timings(capsys
 
 
 def test_parallel_study_table_is_the_readmes_and_sharding_divides_as_zero_says():
-    """studies/h200x2-parallel (issue 17): the README's table is what tools/parallel_report.py
+    """studies/h200x2-parallel (issue 17): the table in docs/scale-out.md is what tools/parallel_report.py
     prints from the committed results, and each GPU's weights, gradients and optimizer state are
     the one-GPU technique's divided as the ZeRO stage says."""
     out = subprocess.run(
@@ -139,7 +139,7 @@ def test_parallel_study_table_is_the_readmes_and_sharding_divides_as_zero_says()
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "scale-out.md").read_text()
     assert len(rows) == 6 and all(row in readme for row in rows[1:])
     for row in rows[2:]:  # measured (predicted) within 1%
         got, want = row.split(" | ")[3].removesuffix(")").split(" (")

@@ -133,3 +133,35 @@ def test_forked_rendering_keeps_order_and_fails_instead_of_hanging(tmp_path):
     assert [p.name for p in paths] == ["b.pdf", "b.png", "a.pdf", "a.png"]
     with pytest.raises(BrokenProcessPool):  # a child that dies: an error, not a hang
         render_all({"a": ok, "dies": crash}, tmp_path, processes=2)
+
+
+def test_placed_labels_never_overlap():
+    """The trade-off figure's labels (issue 32: they overlapped in the smoke paper): crowded
+    points, multi-line labels, one column of points at one memory value."""
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    from memopt.figures_style import place_labels
+
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.subplots()
+    points = [(8, 14_000), (8, 13_500), (8, 10_500), (8, 9_200), (8, 5_800), (8, 2_000),
+              (7, 9_300), (7, 8_600), (6, 10_800), (3, 10_000)]  # fmt: skip
+    ax.scatter(*zip(*points))
+    ax.margins(x=0.2, y=0.15)
+    labels = [(xy, f"technique{i} (max)" + ("\nother (same)" if i % 3 == 0 else ""))
+              for i, xy in enumerate(points)]  # fmt: skip
+    texts = place_labels(ax, labels)
+    renderer = fig.canvas.get_renderer()
+    for t in texts:
+        t.update_positions(renderer)
+    boxes = [Text.get_window_extent(t, renderer) for t in texts]  # the text, not its leader
+    assert len(texts) == len(points)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+    # Without placement the same labels overlap: the test can fail
+    naive = [ax.annotate(t, xy, xytext=(5, 4), textcoords="offset points", fontsize=7, va="top")
+             for xy, t in labels]  # fmt: skip
+    boxes = [t.get_window_extent(renderer) for t in naive]
+    assert any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

@@ -13,8 +13,9 @@ from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell, write_stud
 
 from memopt.errors import MemoptError
 from memopt.figures import make_figures
+from memopt.fileio import read_json
 from memopt.paper import param_count, render_paper
-from memopt.paper_format import build_pdf, md, num, tex
+from memopt.paper_format import build_pdf, md, mib, mparams, num, sig, tex
 from memopt.results import aggregate, write_json
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
@@ -247,6 +248,12 @@ def test_filters():
     assert num(8) == "8"
     assert num(None) == "n/a" and num(math.nan, 1) == "n/a"
     assert md("a|b\nc") == r"a\|b c"
+    # Sizes and counts of a tiny model never print as zero
+    assert mib(78_940.4) == "78,940 MiB" and mib(0) == "0 MiB" and mib(None) == "n/a"
+    assert mib(0.4727) == "484 KiB" and mib(0.5 / 1024) == "512 bytes" and mib(-0.25) == "-256 KiB"
+    assert mparams(124_439_808, 1) == "124.4 M" and mparams(30_976, 2) == "30,976"
+    assert sig(0.000187, 3) == "0.00019" and sig(0.85, 3) == "0.850" and sig(2415.4) == "2,415"
+    assert sig(None) == "n/a"
 
 
 def test_param_count_by_hand():
@@ -514,3 +521,27 @@ def test_the_config_cannot_inject_latex_or_publish_a_password(study, tmp_path):
     )  # fmt: skip
     appendix = out_md.read_text().split("defaults filled:", 1)[1]
     assert appendix.lstrip().startswith("````yaml\n") and appendix.rstrip().endswith("````")
+
+
+def test_a_cpu_run_reads_as_one(study, tmp_path):
+    """A CPU run's paper (the smoke study's) uses no GPU words, compares with no TF32 reference
+    (a CPU computes tf32 in FP32) and with no GPU report, and prints no size as 0 MiB."""
+
+    def on_cpu(result: dict) -> dict:  # what a CPU run records: no GPU anywhere
+        result = {k: v for k, v in result.items() if not k.startswith("gpu")}
+        prov = {k: v for k, v in result.get("provenance", {}).items() if not k.startswith("gpu")}
+        cpu = {"device": "cpu", "device_name": "CPU (x86_64, 2 threads)", "provenance": prov}
+        cpu |= {"mfu": None, "hfu": None} if "mfu" in result else {}  # no known peak
+        cpu |= {k: None for k in result if k.startswith("allocator_")}  # no caching allocator
+        return result | cpu
+
+    cells = [on_cpu(read_json(path)) for path in study["cells"]]
+    searches = [tmp_path / "search" / path.name for path in study["searches"]]
+    for path, out in zip(study["searches"], searches):
+        write_json(out, on_cpu(read_json(path)))
+    md, tex = render_cells(study | {"searches": searches}, tmp_path, cells)
+    text = md.read_text()
+    for word in ("GPU", "CUDA", "cudaMalloc", "card", " 0 MiB", "× TF32", "vs TF32"):
+        assert word not in text, (word, [ln for ln in text.splitlines() if word in ln][:3])
+    assert "We answer for a CPU (x86_64, 2 threads)" in text
+    assert "GPU" not in tex.read_text().split("\\appendix")[0]

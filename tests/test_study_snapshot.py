@@ -1,5 +1,5 @@
 """The published default studies (issue 16): each ran from one commit on one physical GPU with every
-job `ok`, and the README's tables are what tools/study_report.py prints from their results.
+job `ok`, and the tables of docs/results.md are what tools/study_report.py prints from their results.
 (tests/test_studies.py checks that their papers are what their results render to.)"""
 
 import json
@@ -60,9 +60,9 @@ def test_the_run_meets_its_bar(name):
 
 
 def _readme_blocks() -> dict[str, str]:
-    """The README's generated tables: `<!-- KIND: ... study_report.py studies/A [studies/B] -->`
-    then the table, keyed by the command's study names."""
-    text = (ROOT / "README.md").read_text()
+    """The generated tables of docs/results.md: `<!-- KIND: ... study_report.py studies/A
+    [studies/B] -->` then the table, keyed by the command's study names."""
+    text = (ROOT / "docs" / "results.md").read_text()
     found = re.findall(
         r"<!-- \w+: [^`]*`python tools/study_report.py ([^`]+)` -->\n(.+?)\n\n", text, re.S
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import DATASET
-from smoke_workflow import PDF, ROOT, SNAKEMAKE, planned, snakemake, workdir
+from smoke_workflow import PDF, ROOT, SNAKEMAKE, copy_study, planned, snakemake, workdir
 
 from memopt.paper_format import tex_engine
 
@@ -228,8 +228,49 @@ def test_default_study_dry_run_and_cpu_refusal(mirror, tmp_path):
         timeout=600,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert "no CUDA GPU" in out and "config/smoke.yaml" in out
+    assert proc.returncode != 0 and "Traceback" not in out
+    # Before any work (no corpus built), once, with the command in use and the smoke study's
+    assert out.count("no CUDA GPU") == 1 and "snakemake --profile profiles/smoke" in out
+    assert "command: snakemake results/search/baseline.json --cores 2 --resources gpu=1" in out
+    assert not (wd / "data").exists()
+    assert not any((wd / ".snakemake/locks").glob("*"))
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for part in ("data", "results", "paper", "logs", ".memopt-study")
+        for p in ([folder / part] if (folder / part).is_file() else (folder / part).rglob("*"))
+        if p.is_file() and "templates" not in p.parts and p.name != "reference.yaml"
+    }
+
+
+def test_a_study_never_touches_another_studys_outputs(smoke, mirror, tmp_path):
+    """The folder holds the (tiny) smoke study's finished outputs. The default study refuses to
+    run there; another study run through its profile writes only to its own folder."""
+    wd = copy_study(smoke[0], tmp_path / "study")
+    before = _files(wd)
+    assert before[".memopt-study"] == b"smoke\n" and "results/summary.csv" in before
+    corpus = f"corpus={{'source': 'mirror', 'mirror': '{mirror.path}', 'dataset': '{DATASET}'}}"
+    default = SNAKEMAKE + ["paper", "--cores", "1", "--resources", "gpu=1", "--config", corpus]
+    proc = subprocess.run(default, cwd=wd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "holds the outputs of study 'smoke'" in proc.stderr
+    # Another study, one name: its profile names its config and its folder.
+    other = yaml.safe_load((wd / "study.yaml").read_text()) | {"study": "other"}
+    (wd / "other.yaml").write_text(yaml.safe_dump(other))
+    (wd / "profiles/other").mkdir()
+    (wd / "profiles/other/config.yaml").write_text(
+        "configfile: other.yaml\ndirectory: runs/other\ncores: 2\nresources:\n  gpu: 1\n"
+    )
+    line = SNAKEMAKE + ["--profile", "profiles/other"]
+    proc = subprocess.run(line + ["data/tokens/meta.json"], cwd=wd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (wd / "runs/other/data/tokens/meta.json").is_file()
+    assert (wd / "runs/other/.memopt-study").read_text() == "other\n"
+    assert _files(wd) == before  # byte for byte, nothing added or removed
+    again = subprocess.run(line + ["data/tokens/meta.json"], cwd=wd, capture_output=True, text=True)
+    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 def memopt(wd: Path, *args) -> subprocess.CompletedProcess:
@@ -347,3 +388,16 @@ def test_jobs_on_several_gpus_lease_distinct_ones(mirror, tmp_path):
 
 def _when(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_the_smoke_paper_reads_right_on_a_cpu(smoke):
+    """The paper of a real CPU run (issue 32): no GPU words, a title that does not contradict
+    itself, no size or count printed as zero."""
+    text = (smoke[0] / "paper/paper.md").read_text()
+    title, body = text.split("\n", 1)
+    for word in ("GPU", "CUDA", "cudaMalloc", "card", " 0 MiB", "0.0 M", "0.000 GFLOP", "× TF32"):
+        assert word not in text, (word, [ln for ln in text.splitlines() if word in ln][:3])
+    assert "We answer for a CPU (" in body and "parameter transformer on CPU (" in title
+    # "X runs N× faster than FP32" only when the baseline is not within noise of X
+    if "faster than FP32" in title:
+        assert "`baseline`" not in title.split("faster than FP32")[1].split(":")[0]

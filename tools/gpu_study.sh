@@ -129,7 +129,7 @@ case ${1:-} in
     fi
     [ -f "$STATE" ] && tar xzf "$STATE"   # results, logs, benchmarks and metadata of earlier pieces
     # A study killed here (kill -9, a crash) leaves Snakemake's lock: memopt unlock removes it once
-    # no Snakemake run and none of its jobs runs in this folder (README, "When a run is
+    # no Snakemake run and none of its jobs runs in this folder (docs/running.md, "When a run is
     # interrupted"); it refuses, and the piece stops, while one still does.
     python3 -m memopt.cli unlock || exit 1
     if [ -f data/study.mtimes ]; then  # the first piece's times: the data is as old as it was there

@@ -1,4 +1,4 @@
-"""The README's tables from published studies (tools/publish_study.sh): for one study, its headline
+"""The tables of docs/results.md from published studies (tools/publish_study.sh): for one study, its headline
 table; for two (the same config on two GPUs), the two side by side, what differs and each study's
 job time.
 

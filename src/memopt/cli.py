@@ -4,9 +4,10 @@ the rule of the same name."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
+
+import yaml
 
 from memopt.config import load_config_file, validate_config
 from memopt.errors import exit_on_user_error
@@ -19,14 +20,50 @@ def _study(args) -> dict:
 
 
 def cmd_validate(args) -> None:
-    print(json.dumps(_study(args), indent=2))
+    study = _study(args)
+    if args.show:
+        print(yaml.safe_dump(study, sort_keys=False, allow_unicode=True), end="")
+        return
+    print(
+        f"{args.config}: valid (study {study['study']!r}, {len(study['techniques'])} techniques, "
+        f"device {study['device']}); --show prints it with every default filled"
+    )
+
+
+def _training_study(args) -> dict:
+    """The study for `memopt search` / `cell`: its device must be here (said in this command's
+    terms), and the output is not a file the workflow made unless --force says to replace it."""
+    from memopt.errors import MemoptError
+
+    if args.out is None:  # the workflow's path for this result
+        name = "search" if args.command == "search" else f"cells/{args.technique}"
+        leaf = args.technique if args.command == "search" else args.batch
+        args.out = Path("results") / name / f"{leaf}.json"
+    study = _study(args)
+    if study["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MemoptError(
+                f"{args.config}: device 'cuda', but this machine has no CUDA GPU that torch can "
+                f"use; on a CPU, pass a config whose device is 'auto' or 'cpu', e.g. "
+                f"memopt {args.command} ... --config config/smoke.yaml"
+            )
+    if args.out.exists() and not args.force:
+        raise MemoptError(
+            f"--out {args.out} exists (a result of the workflow, when it is the default path: "
+            "replacing it by hand makes Snakemake rerun what depends on it); pass --out FILE to "
+            "write elsewhere, or --force to replace it"
+        )
+    return study
 
 
 def cmd_search(args) -> None:
     from memopt.pipeline import search_file
 
-    out = args.out or Path(f"results/search/{args.technique}.json")
-    r = search_file(_study(args), args.technique, args.tokens, out, threads=args.threads)
+    study = _training_study(args)
+    out = args.out
+    r = search_file(study, args.technique, args.tokens, out, threads=args.threads)
     print(
         f"{args.technique}: max batch {r['max_batch']} ({r['status']}, {len(r['trials'])} "
         f"trials, {r['seconds']:.1f} s) -> {out}"
@@ -36,9 +73,10 @@ def cmd_search(args) -> None:
 def cmd_cell(args) -> None:
     from memopt.pipeline import cell_file
 
-    out = args.out or Path(f"results/cells/{args.technique}/{args.batch}.json")
+    study = _training_study(args)
+    out = args.out
     r = cell_file(
-        _study(args),
+        study,
         args.technique,
         args.batch,
         args.tokens,
@@ -81,7 +119,12 @@ def cmd_paper(args) -> None:
         from memopt.errors import MemoptError
 
         raise MemoptError(
-            f"{len(missing)} result(s) missing under {results}: " + ", ".join(missing[:5])
+            f"{len(missing)} result(s) missing under {results}: "
+            + ", ".join(missing[:5])
+            + f"\n(memopt paper expects the techniques, batch entries and seeds of --config "
+            f"{args.config}: is that the config these results were made with? For a study run "
+            "through a profile, pass its config and folder, e.g. --config config/smoke.yaml "
+            "--results runs/smoke/results --data runs/smoke/data)"
         )
     summary = results / "summary.csv"
     searches = sorted((results / "search").glob("*.json"))
@@ -121,14 +164,17 @@ def cmd_unlock(args) -> None:
     from memopt.errors import MemoptError
     from memopt.processes import wait_for_study_processes
 
-    locks = Path(".snakemake/locks")
+    folder = args.folder.resolve()
+    if not folder.is_dir():
+        raise MemoptError(f"folder: {args.folder} is not a directory")
+    locks = folder / ".snakemake" / "locks"
     if not any(locks.glob("*")):
-        print(f"memopt: nothing to unlock in {Path.cwd()} (no Snakemake lock)")
+        print(f"memopt: nothing to unlock in {folder} (no Snakemake lock)")
         return
-    running = wait_for_study_processes(Path.cwd(), args.wait)
+    running = wait_for_study_processes(folder, args.wait)
     if running:
         raise MemoptError(
-            f"not unlocking {Path.cwd()}: a Snakemake run or its jobs still run for it after "
+            f"not unlocking {folder}: a Snakemake run or its jobs still run for it after "
             f"{args.wait:g} s:\n"
             + "\n".join(
                 f"  pid {pid}: {cmd[:150]}" if isinstance(pid, int) else f"  SLURM job {pid}: {cmd}"
@@ -139,7 +185,7 @@ def cmd_unlock(args) -> None:
         )
     for lock in locks.glob("*"):
         lock.unlink()
-    print(f"memopt: removed the Snakemake lock of {Path.cwd()} (no Snakemake or job runs here)")
+    print(f"memopt: removed the Snakemake lock of {folder} (no Snakemake or job runs there)")
 
 
 def _positive_int(text: str) -> int:
@@ -155,52 +201,79 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memopt", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter  # every option's default in its --help
 
-    def add(name, func, help_):
-        sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument(
-            "--config",
-            type=Path,
-            default=Path("config.yaml"),
-            help="study config (default: config.yaml)",
-        )
+    def add(name, func, help_, description=None):
+        sp = sub.add_parser(name, help=help_, description=description or help_, formatter_class=fmt)
         sp.set_defaults(func=func)
         return sp
 
-    add("validate", cmd_validate, "check a config and print it with defaults filled")
+    def add_config(sp):
+        sp.add_argument("--config", type=Path, default=Path("config.yaml"), help="study config")
+
+    sp = add("validate", cmd_validate, "check a study config (one line; --show prints it)")
+    add_config(sp)
+    sp.add_argument(
+        "--show", action="store_true", help="print the config with every default filled (YAML)"
+    )
     for name, func, help_ in (
         ("search", cmd_search, "find one technique's maximum batch"),
         ("cell", cmd_cell, "train one technique at one batch entry"),
     ):
         sp = add(name, func, help_)
-        sp.add_argument("technique")
-        sp.add_argument("--tokens", type=Path, default=Path("data/tokens"))
-        sp.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for torch")
-        sp.add_argument("--out", type=Path, default=None)
+        sp.add_argument("technique", help="a technique of the config")
         if name == "cell":
             sp.add_argument("batch", help="same, max, or a number")
-            sp.add_argument("--search-dir", type=Path, default=Path("results/search"))
+        add_config(sp)
+        sp.add_argument("--tokens", type=Path, default=Path("data/tokens"), help="token folder")
+        sp.add_argument(
+            "--threads",
+            type=_positive_int,
+            default=None,
+            help="CPU threads for torch; None: all cores",
+        )
+        default_out = (
+            "results/search/TECHNIQUE.json"
+            if name == "search"
+            else "results/cells/TECHNIQUE/BATCH.json"
+        )
+        sp.add_argument(
+            "--out", type=Path, default=None,
+            help=f"result file; None: {default_out} (the workflow's), refused if it exists",
+        )  # fmt: skip
+        sp.add_argument("--force", action="store_true", help="replace --out if it exists")
+        if name == "cell":
+            sp.add_argument(
+                "--search-dir", type=Path, default=Path("results/search"),
+                help="where the searches behind `same` and `max` are",
+            )  # fmt: skip
     sp = add("paper", cmd_paper, "aggregate a results folder and render the paper (no GPU needed)")
+    add_config(sp)
     sp.add_argument("--results", default="results", help="folder with cells/ and search/")
     sp.add_argument(
         "--data", default="data", help="folder with corpus/stats.json, tokens/meta.json"
     )
     sp.add_argument("--out", default="paper", help="where paper.md, paper.tex, figures/ go")
-    sp.add_argument("--templates", default=str(ROOT / "paper" / "templates"))
+    sp.add_argument(
+        "--templates", default=str(ROOT / "paper" / "templates"), help="Jinja2 templates"
+    )
     sp.add_argument("--pdf", action="store_true", help="also compile paper.pdf (needs TeX)")
-    sp = sub.add_parser(
+    sp = add(
         "unlock",
-        help="remove the Snakemake lock a killed run left in this folder, once nothing runs here",
-        description="After kill -9 (or a crash) Snakemake leaves its lock on the working folder. "
-        "This removes it only when no Snakemake run and none of its jobs is still running in the "
-        "folder, nor any SLURM job Snakemake submitted from it (squeue): an orphaned job would "
-        "otherwise race the next run.",
+        cmd_unlock,
+        "remove the Snakemake lock a killed run left in a folder, once nothing runs there",
+        "After kill -9 (or a crash) Snakemake leaves its lock on the study's folder. This removes "
+        "it only when no Snakemake run and none of its jobs is still running in the folder, nor "
+        "any SLURM job Snakemake submitted from it (squeue): an orphaned job would otherwise race "
+        "the next run.",
     )
     sp.add_argument(
-        "--wait", type=float, default=15.0,
-        help="seconds to wait for jobs that are stopping (default: 15)",
+        "folder", nargs="?", type=Path, default=Path("."),
+        help="the study's folder (runs/smoke for the smoke study)",
     )  # fmt: skip
-    sp.set_defaults(func=cmd_unlock)
+    sp.add_argument(
+        "--wait", type=float, default=15.0, help="seconds to wait for jobs that are stopping"
+    )
     return p
 
 

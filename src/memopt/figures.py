@@ -36,6 +36,7 @@ from memopt.figures_style import (
     _unmeasured_note,
     entry_hatches,
     function_colors,
+    place_labels,
     render_all,
     technique_colors,
 )
@@ -169,8 +170,6 @@ def _tradeoff_figure(summary) -> Figure:
             edgecolor="black" if best else "none",
         )
     cells = [(r["technique"], None if one_entry else r["batch_entry"]) for _, r in ok.iterrows()]
-    for (x, y), label in label_groups(points, cells):
-        ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7, va="top")
     _unmeasured_note(ax, summary)
     ax.legend(
         handles=[Patch(facecolor="white", edgecolor="black", label="Pareto-optimal (outlined)")],
@@ -183,6 +182,7 @@ def _tradeoff_figure(summary) -> Figure:
     ax.set_xlabel("peak allocated memory (MiB)")
     ax.set_ylabel("throughput (tokens/s)")
     ax.set_title("Memory vs throughput (up and left is better)")
+    place_labels(ax, label_groups(points, cells))  # last: it measures the labels in the final axes
     return fig
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.text import Text
 
 from memopt.fileio import atomic_path
 from memopt.results import entry_sort_key
@@ -47,6 +48,46 @@ def log_if_decades(ax, values, axis: str = "y") -> None:
         (ax.set_ylim if axis == "y" else ax.set_xlim)(min(values) / 1.5, max(values) * 1.5)
         label = ax.get_ylabel() if axis == "y" else ax.get_xlabel()
         (ax.set_ylabel if axis == "y" else ax.set_xlabel)(f"{label}, log scale")
+
+
+def place_labels(ax, labelled, fontsize: float = 7, step: float = 3.0, max_moves: int = 60):
+    """Annotate each ((x, y), text) beside its point without one label covering another.
+
+    Labels are placed from the highest point down, right of their point; one that would overlap
+    a label already placed moves `step` points down or up, then to the left of its point, then
+    further away until it is clear; a moved label gets a thin leader line to its point.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not isinstance(ax.figure.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(ax.figure)
+    renderer = ax.figure.canvas.get_renderer()
+    ax.get_xlim(), ax.get_ylim()  # the final limits, before any extent is measured
+    placed, texts = [], []
+    for xy, text in sorted(labelled, key=lambda item: -item[0][1]):
+        shifts = [0.0] + [sign * step * k for k in range(1, max_moves) for sign in (-1, 1)]
+        options = [(5.0, 4.0 + d, "left") for d in shifts[:8]]  # close to the point first
+        options += [(-5.0, 4.0 + d, "right") for d in shifts[:8]]
+        options += [(5.0, 4.0 + d, "left") for d in shifts[8:]]
+        for dx, dy, ha in options:
+            t = ax.annotate(
+                text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                va="top", ha=ha,
+            )  # fmt: skip
+            box = t.get_window_extent(renderer).expanded(1.02, 1.05)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            t.remove()
+        if (dx, dy) != (5.0, 4.0):  # moved away from its point: draw the way back
+            t.remove()
+            t = ax.annotate(
+                text, xy, xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                va="top", ha=ha, arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"},
+            )  # fmt: skip
+        t.update_positions(renderer)
+        placed.append(Text.get_window_extent(t, renderer))  # the text's box, not its leader
+        texts.append(t)
+    return texts
 
 
 def _legend_below(ax, handles: list, ncol: int | None = None) -> None:

@@ -243,7 +243,8 @@ def build_context(
     # Device and step counts as the cells recorded them (an oom cell has no step counts).
     first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
     relative = relative_to_baseline(cells, baseline)
-    tf32 = tf32_reference(cells, baseline)
+    gpu = first_ok.get("device") == "cuda"  # a CPU run: no GPU words, no TF32 (a CPU has none)
+    tf32 = tf32_reference(cells, baseline) if gpu else None
     add_tf32_speedups(relative, cells, tf32)
     runs = _quality_runs(quality_csv)
     stages = stage_times(benchmark_paths)
@@ -269,6 +270,8 @@ def build_context(
         "train": config.get("train", {}),
         "warm_worker": bool(config.get("worker", {}).get("enabled")),
         "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
+        "gpu": gpu,
+        "hw": "GPU" if gpu else "CPU",
         "measured": {
             "warmup_steps": first_ok.get("warmup_steps"),
             "timed_min": min(timed) if timed else None,
@@ -306,7 +309,10 @@ def build_context(
         "optimal": throughput_optimal(cells, searches, config["model"]["seq_len"]),
         "relative": relative,
         "tf32": tf32,
-        "references": reference_comparison(reference_path, relative, searches, baseline),
+        # Earlier reports ran GPUs: a CPU run's ratios are not set beside them.
+        "references": reference_comparison(reference_path, relative, searches, baseline)
+        if gpu
+        else {"reports": [], "rows": []},
         "stages": stages,
         "share": measurement_share(stages, cells, runs),
         "analysis": analysis(cells),

@@ -28,6 +28,33 @@ def num(value, decimals: int = 0) -> str:
     return f"{value:,.{decimals}f}"
 
 
+def sig(value, decimals: int = 0) -> str:
+    """num(value, decimals), with more decimals where those would leave fewer than two
+    significant digits: 0.000123 GFLOP -> '0.00012', not '0.000' (a tiny model's numbers)."""
+    if isinstance(value, (int, float)) and value and not math.isnan(value):
+        decimals = max(decimals, 1 - math.floor(math.log10(abs(value))))
+    return num(value, decimals)
+
+
+def mib(value) -> str:
+    """A size given in MiB: whole MiB from 1 MiB up (and 0), KiB or bytes below, so a small
+    model's sizes never print as '0 MiB'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if value == 0 or abs(value) >= 1:
+        return f"{value:,.0f} MiB"
+    if abs(value) * 1024 >= 1:
+        return f"{value * 1024:,.0f} KiB"
+    return f"{value * 2**20:,.0f} bytes"
+
+
+def mparams(count, decimals: int = 1) -> str:
+    """A parameter count: '124.4 M' from a million up, the count itself below ('30,976')."""
+    if count >= 1e6:
+        return f"{num(count / 1e6, decimals)} M"
+    return f"{int(count):,}"
+
+
 def pct(value, decimals: int = 1) -> str:
     """0.2345 -> '23.5%'; None or NaN -> 'n/a' (e.g. MFU on a device without a known peak)."""
     text = num(None if value is None else 100 * value, decimals)
@@ -139,7 +166,7 @@ def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
         )
     env = jinja2.Environment(**options)
     env.filters.update(
-        num=num, pct=pct, tex=tex, tex_name=tex_name, md=md, md_code=md_code,
+        num=num, pct=pct, sig=sig, mib=mib, mparams=mparams, tex=tex, tex_name=tex_name, md=md, md_code=md_code,
         tex_listing=tex_listing,
     )  # fmt: skip
     return env

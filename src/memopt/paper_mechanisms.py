@@ -11,6 +11,8 @@ templates (technique names and numbers are the only data in it).
 
 from __future__ import annotations
 
+from memopt.paper_format import mib as _mib
+
 # Explicit attention kernels keep the T x T scores and probabilities; the others are fused.
 _EXPLICIT = {"math"}
 _CHECKPOINTING = {
@@ -23,12 +25,10 @@ _CHECKPOINTING = {
 }
 
 
-def _mib(x: float) -> str:
-    return f"{x:,.0f} MiB"
-
-
 def _change(name: str, before: float, after: float, causes: list[str]) -> str:
-    text = f"{name}: {_mib(before)} to {_mib(after)} ({after - before:+,.0f})"
+    d = after - before  # in MiB like the sizes, or with its unit below 1 MiB
+    delta = f"{d:+,.0f}" if d == 0 or abs(d) >= 1 else ("+" if d > 0 else "") + _mib(d)
+    text = f"{name}: {_mib(before)} to {_mib(after)} ({delta})"
     return text + (", because " + "; ".join(causes) if causes else "") + "."
 
 
@@ -150,7 +150,10 @@ def _speed_causes(c: dict, base: dict, faster: bool) -> list[str]:
     if faster and c["kernel"] not in _EXPLICIT and base["kernel"] in _EXPLICIT:
         causes.append("attention no longer reads and writes the score matrices in memory")
     if faster and c["precision"] != base["precision"] and c["precision"] != "fp32":
-        causes.append(f"its matmuls run on {c['precision']} tensor cores")
+        if c.get("device") == "cuda":  # a CPU has no tensor cores (and computes tf32 in FP32)
+            causes.append(f"its matmuls run on {c['precision']} tensor cores")
+        elif c["precision"] != "tf32":
+            causes.append(f"its matmuls run in {c['precision']}")
     if faster and c.get("compile") and not base.get("compile"):
         causes.append("compiled kernels fuse the elementwise work")
     if not faster and c.get("checkpointing", "none") in ("full", "every_k", "selective"):

@@ -196,9 +196,10 @@ def _fused_share(same: dict[str, dict], baseline: str, techniques: list[dict]) -
 
 
 def _fastest_tf32(ctx: dict) -> float | None:
-    """The speed-up of the abstract's fastest technique against the TF32 reference."""
+    """The speed-up of the abstract's fastest technique against the TF32 reference (None when
+    the fastest is that reference: it would be compared with itself)."""
     fast = ctx["findings"].get("fastest")
-    if not fast or ctx.get("tf32") is None:
+    if not fast or ctx.get("tf32") is None or fast["technique"] == ctx["tf32"]["technique"]:
         return None
     return next(
         (

@@ -35,9 +35,8 @@ def resolve_device(requested: str) -> str:
     if requested == "cuda" and not has_cuda:
         raise MemoptError(
             "device: 'cuda' was requested but this machine has no CUDA GPU. The default study "
-            "needs one; on a CPU run the smoke study instead:\n"
-            "  snakemake --cores all --resources gpu=1 --configfile config/smoke.yaml\n"
-            "(or set --config device=cpu to force this study onto the CPU, slowly)"
+            "needs one; on a CPU run the smoke study instead (snakemake --profile profiles/smoke), "
+            "or set device to 'auto' or 'cpu' in the study's config to train it on the CPU, slowly"
         )
     return requested
 

@@ -11,6 +11,7 @@ from memopt.functions import functions, quality_spec
 from memopt.paper_format import tex_engine
 from memopt.results import FIGURE_NAMES
 from memopt.stages import RULE_STAGES
+from memopt.study_run import check_device_here, check_folder, claim_folder
 
 
 if not workflow.overwrite_configfiles:
@@ -29,10 +30,22 @@ try:
             )
         )
     STUDY = validate_config(config)
+    check_folder(STUDY["study"], Path.cwd())  # another study's outputs are never touched
 except ConfigError as err:
     sys.exit(f"memopt: invalid config:\n{err}")
 
 ROOT = Path(os.path.relpath(workflow.basedir))  # relative: recorded inputs survive a moved checkout
+
+
+def corpus_params():
+    """The corpus config, a local mirror's relative path taken from the repository (the folder
+    of this Snakefile): the same mirror whichever folder the study writes to."""
+    corpus = dict(STUDY["corpus"])
+    mirror = corpus.get("mirror")
+    if mirror and "://" not in mirror and not os.path.isabs(mirror):
+        corpus["mirror"] = os.path.normpath(ROOT / mirror)
+    return Params(corpus)
+
 TECHNIQUES = list(STUDY["techniques"])
 BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)

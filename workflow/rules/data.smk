@@ -6,7 +6,7 @@ rule corpus:
     input:
         code("corpus"),
     params:
-        corpus=Params(STUDY["corpus"]),
+        corpus=corpus_params(),
         cache_dir="data/corpus/.speakleash",
     log:
         "logs/corpus.log",
