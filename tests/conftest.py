@@ -169,3 +169,51 @@ def tiny_study(tmp_path):
 # The smoke study through Snakemake (tests/smoke_workflow.py): `mirror` and `smoke`, run once per
 # session for tests/test_workflow.py and tests/test_interrupt.py.
 from smoke_workflow import mirror, smoke  # noqa: E402, F401
+
+
+class CliResult(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def memopt_cli(capsys, monkeypatch):
+    """`memopt ARGS` in this process (no torch import per call): run(*args, cwd=...) ->
+    CliResult. An exception other than the command's own exit fails the test: no traceback."""
+    from memopt import cli
+
+    def run(*args, cwd: Path) -> CliResult:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            cli.main([str(a) for a in args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def paper_study(tmp_path_factory):
+    """The synthetic study of tests/test_results.py, aggregated and with its figures drawn (once
+    a session: drawing takes seconds): its paths, `root` and `figures`."""
+    from test_results import write_study
+
+    from memopt.figures import make_figures
+    from memopt.results import aggregate
+
+    root = tmp_path_factory.mktemp("study")
+    paths = write_study(root)
+    aggregate(paths["cells"], paths["summary"])
+    make_figures(
+        paths["summary"],
+        root / "paper" / "figures",
+        search_paths=paths["searches"],
+        quality_paths=paths["quality"],
+        processes=2,
+    )
+    return paths | {"root": root, "figures": root / "paper" / "figures"}

@@ -53,18 +53,20 @@ def _study(tmp_path: Path, **extra) -> Path:
     return path
 
 
-def test_validate_says_valid_in_one_line_and_shows_the_filled_config_on_request(tmp_path):
+def test_validate_says_valid_in_one_line_and_shows_the_filled_config_on_request(
+    tmp_path, memopt_cli
+):
     config = _study(tmp_path)
-    proc = memopt("validate", "--config", config, cwd=tmp_path)
+    proc = memopt_cli("validate", "--config", config, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1 and proc.stdout.startswith(f"{config}: valid")
-    shown = memopt("validate", "--config", config, "--show", cwd=tmp_path)
+    shown = memopt_cli("validate", "--config", config, "--show", cwd=tmp_path)
     filled = yaml.safe_load(shown.stdout)
     assert filled["study"] == "default" and filled["train"]["lr"] == 5e-4  # defaults filled
     assert filled["model"]["d_model"] == 16  # and the config's own values kept
 
 
-def test_search_and_cell_refuse_to_replace_a_workflow_result_without_force(tmp_path):
+def test_search_and_cell_refuse_to_replace_a_workflow_result_without_force(tmp_path, memopt_cli):
     tokens = write_random_tokens(tmp_path / "data" / "tokens")
     config = _study(tmp_path)
     existing = {
@@ -74,14 +76,14 @@ def test_search_and_cell_refuse_to_replace_a_workflow_result_without_force(tmp_p
     for args, path in existing.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text('{"kept": true}')
-        proc = memopt(*args, "--config", config, "--tokens", tokens, cwd=tmp_path)
+        proc = memopt_cli(*args, "--config", config, "--tokens", tokens, cwd=tmp_path)
         assert proc.returncode == 1, proc.stdout
         assert f"--out {path.relative_to(tmp_path)} exists" in proc.stderr
         assert "--force" in proc.stderr and "Traceback" not in proc.stderr
         assert path.read_text() == '{"kept": true}'
     # --force replaces it (a real search on random tokens, a second or two)
     args = ("search", "baseline", "--config", config, "--tokens", tokens, "--force")
-    proc = memopt(*args, cwd=tmp_path)
+    proc = memopt_cli(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(existing["search", "baseline"].read_text())["max_batch"] >= 1
 
@@ -97,10 +99,10 @@ def test_no_gpu_message_speaks_the_commands_terms(tmp_path, monkeypatch, capsys)
     assert "snakemake" not in message and not (tmp_path / "x").exists()
 
 
-def test_paper_with_missing_results_asks_whether_the_config_matches(tmp_path):
+def test_paper_with_missing_results_asks_whether_the_config_matches(tmp_path, memopt_cli):
     config = _study(tmp_path)
     (tmp_path / "results").mkdir()
-    proc = memopt("paper", "--config", config, "--results", tmp_path / "results", cwd=tmp_path)
+    proc = memopt_cli("paper", "--config", config, "--results", tmp_path / "results", cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "result(s) missing" in proc.stderr
     assert f"--config {config}: is that the config these results were made with?" in proc.stderr

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from test_paper import md_table, render
 from test_results import write_study
 
@@ -121,7 +122,11 @@ def test_the_paper_shows_diverged_runs_as_such(tiny_study, tmp_path):
     assert row["status"] == "diverged" and row["diverged_step"] == cell_run["diverged_step"]
     figures = tmp_path / "paper" / "figures"
     make_figures(
-        paths["summary"], figures, search_paths=paths["searches"], quality_paths=paths["quality"]
+        paths["summary"],
+        figures,
+        search_paths=paths["searches"],
+        quality_paths=paths["quality"],
+        processes=2,
     )
     out_md, out_tex = render(paths | {"root": tmp_path, "figures": figures})
     text, tex = out_md.read_text(), out_tex.read_text()
@@ -164,6 +169,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_ranks_agree_on_the_first_diverged_step(tmp_path):
     """Only rank 1's loss is NaN: both ranks stop at the same check with the same step (no rank
     is left waiting in a collective), the global loss is NaN, the curve the ranks' mean."""

@@ -24,8 +24,10 @@ def test_figures_exist_as_pdf_and_png(tmp_path):
         assert path.stat().st_size > 5000
         assert head.startswith(b"%PDF") if path.suffix == ".pdf" else head == b"\x89PNG\r\n\x1a\n"
 
-    again = make_figures(study["summary"], tmp_path / "again", search_paths=study["searches"])
-    for first, second in zip(paths, again):  # reproducible: no dates or versions in the files
+    again = make_figures(
+        study["summary"], tmp_path / "again", search_paths=study["searches"], processes=2
+    )
+    for first, second in zip(paths, again):  # reproducible (no dates or versions), forked too
         assert first.read_bytes() == second.read_bytes(), first.name
 
 
@@ -36,7 +38,7 @@ def test_figures_when_every_cell_is_oom(tmp_path):
         write_json(path, make_cell(technique, "same", 8, status="oom"))
         cells.append(path)
     aggregate(cells, tmp_path / "summary.csv")
-    paths = make_figures(tmp_path / "summary.csv", tmp_path / "figures")
+    paths = make_figures(tmp_path / "summary.csv", tmp_path / "figures", processes=2)
     assert len(paths) == 2 * len(FIGURE_NAMES)
     assert all(p.stat().st_size > 0 for p in paths)
 
@@ -49,7 +51,9 @@ def test_figures_with_one_entry_and_a_renamed_baseline(tmp_path):
         write_json(path, make_cell(technique, "max", 16))
         cells.append(path)
     aggregate(cells, tmp_path / "summary.csv")
-    paths = make_figures(tmp_path / "summary.csv", tmp_path / "figures", baseline="ref")
+    paths = make_figures(
+        tmp_path / "summary.csv", tmp_path / "figures", baseline="ref", processes=2
+    )
     assert sorted(p.stem for p in paths) == sorted(FIGURE_NAMES * 2)
     assert all(p.stat().st_size > 0 for p in paths)
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -144,14 +142,7 @@ def test_batch_entries_are_same_max_or_a_positive_number(entry):
     assert check_batch_entry(16) == "16" and check_batch_entry("max") == "max"
 
 
-def memopt(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "memopt.cli", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-
-
-def test_the_command_line_refuses_bad_arguments_with_one_message(tmp_path):
+def test_the_command_line_refuses_bad_arguments_with_one_message(tmp_path, memopt_cli):
     tokens = write_random_tokens(tmp_path)
     config = tmp_path / "study.yaml"
     study = {
@@ -177,7 +168,7 @@ def test_the_command_line_refuses_bad_arguments_with_one_message(tmp_path):
         ),
     ]
     for args, fragment in cases:
-        proc = memopt(*args, cwd=tmp_path)
+        proc = memopt_cli(*args, cwd=tmp_path)
         assert proc.returncode in (1, 2), (args, proc.stdout)
         assert fragment in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr + proc.stdout, args

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell, write_study
+from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell
 
 from memopt.errors import MemoptError
 from memopt.figures import make_figures
@@ -29,18 +29,10 @@ TABLE_NUMBERS = {
 }
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("study")
-    paths = write_study(root)
-    aggregate(paths["cells"], paths["summary"])
-    make_figures(
-        paths["summary"],
-        root / "paper" / "figures",
-        search_paths=paths["searches"],
-        quality_paths=paths["quality"],
-    )
-    return paths | {"root": root, "figures": root / "paper" / "figures"}
+@pytest.fixture
+def study(paper_study):
+    """The synthetic study with its figures (conftest: drawn once per session)."""
+    return paper_study
 
 
 def render(study, templates=TEMPLATES, name="paper", searches=None, **options):
@@ -63,15 +55,19 @@ def render(study, templates=TEMPLATES, name="paper", searches=None, **options):
     return out_md, out_tex
 
 
-def render_cells(study, tmp_path, cells: list[dict]):
-    """Write these cell dicts, aggregate, draw and render a paper from them (the study's searches
-    and data); return the .md and .tex paths."""
+def render_cells(study, tmp_path, cells: list[dict], draw: bool = False):
+    """Write these cell dicts, aggregate and render a paper from them (the study's searches and
+    data; the study's figures unless `draw` draws them from these cells); return the .md and .tex
+    paths."""
     paths = []
     for cell in cells:
         paths.append(tmp_path / "cells" / cell["technique"] / f"{cell['batch_entry']}.json")
         write_json(paths[-1], cell)
     aggregate(paths, tmp_path / "summary.csv")
-    make_figures(tmp_path / "summary.csv", tmp_path / "paper" / "figures")
+    if draw:
+        make_figures(tmp_path / "summary.csv", tmp_path / "paper" / "figures")
+    else:  # the text does not depend on them (drawing takes seconds)
+        shutil.copytree(study["figures"], tmp_path / "paper" / "figures")
     out_md, out_tex = tmp_path / "paper" / "paper.md", tmp_path / "paper" / "paper.tex"
     render_paper(
         tmp_path / "summary.csv",

@@ -88,6 +88,7 @@ def trained(cfg: dict, name: str) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_sharded_steps_train_the_same_weights_as_one_process(tokens_dir, tmp_path):
     cfg = study(tokens_dir, **{n: {**m, "gpus": 2} for n, m in MODES.items()})
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
@@ -120,6 +121,7 @@ def test_each_rank_trains_its_contiguous_slice_of_the_same_batch(tokens_dir):
     assert torch.equal(torch.cat(parts), whole) and not torch.equal(parts[0], parts[1])
 
 
+@pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_a_parallel_search_and_cell_run_as_one_job_on_two_ranks(tokens_dir, tmp_path, capsys):
     from memopt.worker import run_job
 
@@ -146,6 +148,7 @@ def test_a_parallel_search_and_cell_run_as_one_job_on_two_ranks(tokens_dir, tmp_
     assert res["precision_flags"]["parallel"] == "fsdp2"
 
 
+@pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_a_failing_rank_fails_the_job_and_writes_nothing(tokens_dir, tmp_path):
     from memopt.worker import run_job
 
@@ -201,6 +204,7 @@ def test_a_job_leases_all_its_gpus_or_none(monkeypatch, tmp_path):
         pass
 
 
+@pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_a_parallel_cell_out_of_memory_is_recorded_after_a_relaunch(tokens_dir, tmp_path):
     from memopt.worker import run_job
 

@@ -103,6 +103,7 @@ def test_search_cap_and_none_fits(tokens):
 
 def test_search_does_not_depend_on_order(tokens):
     cfg = study(baseline={}, gradcp={"checkpointing": "full"})
+    cfg["search"]["cpu_memory_budget_gib"] = 4 / 1024  # smaller batches: a quicker test
     first = [
         search_max_batch(cfg, t, tokens, "cpu", lambda m: None)["max_batch"]
         for t in ("baseline", "gradcp")
@@ -261,6 +262,7 @@ def test_fit_search_of_a_compiled_technique_starts_at_batch_2():
 
 def test_search_granularity_and_strategies_agree(tokens):
     cfg = study()
+    cfg["search"]["cpu_memory_budget_gib"] = 4 / 1024  # smaller batches: a quicker test
     fit = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
     cfg["search"]["strategy"] = "bisect"
     bisect = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)

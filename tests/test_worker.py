@@ -17,6 +17,10 @@ from memopt import worker
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+# Warm worker processes started, killed and idled out: integration, in the slow suite.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture
 def study(tiny_study, tmp_path, monkeypatch):
     """The tiny study in tmp_path, which is also its own worker's (the socket is per directory)."""
