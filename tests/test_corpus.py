@@ -210,7 +210,7 @@ def test_closed_mirror_port_fails_fast_with_advice(speakleash_mirror, tmp_path):
     with pytest.raises(CorpusError, match="could not be reached") as err:
         run(corpus_cfg(speakleash_mirror, mirror="http://127.0.0.1:9/", timeout_s=2), tmp_path)
     assert time.monotonic() - start < 20
-    assert "--config \"corpus={'source': 'mirror', 'mirror': DIR" in str(err.value)
+    assert "corpus.source: mirror, corpus.mirror: DIR and corpus.dataset: NAME" in str(err.value)
 
 
 @pytest.fixture
@@ -232,7 +232,11 @@ def test_unresponsive_speakleash_host_fails_fast(
     with pytest.raises(CorpusError, match="could not be reached") as err:
         run(cfg, tmp_path)
     assert time.monotonic() - start < 20
-    assert "'source': 'mirror'" in str(err.value) and speakleash_mirror.dataset in str(err.value)
+    message = str(err.value)  # the mirror, in the config (so later commands stay the same)
+    assert (
+        "corpus.source: mirror" in message and f"asks for {speakleash_mirror.dataset!r}" in message
+    )
+    assert "snakemake --profile profiles/smoke" in message
 
 
 def test_hung_download_times_out(speakleash_mirror, tmp_path):

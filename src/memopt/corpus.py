@@ -48,11 +48,16 @@ _BLANK_LINES = re.compile(r"\n{3,}")
 
 
 def offline_hint(dataset: str) -> str:
-    """The command-line override that reads the corpus from a speakleash-layout mirror instead."""
+    """How to read the corpus from a speakleash-layout mirror instead: in the study's config, so
+    every later command of the study stays the same (a --config override would have to be
+    repeated on each, or the study reads as another corpus)."""
     return (
-        f"to work offline, point the corpus at a mirror: --config \"corpus={{'source': 'mirror', "
-        f"'mirror': DIR, 'dataset': '{dataset}'}}\" where DIR is a directory or http(s) URL holding "
-        f"speakleash.json, {dataset}.manifest and {dataset}.jsonl.zst"
+        "to work offline, read the corpus from a speakleash-layout mirror (a directory or http(s) "
+        "URL holding speakleash.json, NAME.manifest and NAME.jsonl.zst): in the study's config set "
+        "corpus.source: mirror, corpus.mirror: DIR and corpus.dataset: NAME, a dataset the mirror "
+        f"holds (this study asks for {dataset!r}; a name the mirror lacks fails with its list). "
+        "The CPU smoke study reads the mirror beside the checkout: snakemake --profile "
+        "profiles/smoke"
     )
 
 
