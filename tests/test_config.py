@@ -40,7 +40,11 @@ def test_default_study_matches_the_issue():
     # Protocol v2: adaptive timing, quality runs per function, exactness runs.
     assert (cfg["measure"]["target_rel_ci"], cfg["measure"]["min_timed_steps"]) == (0.01, 10)
     assert (cfg["measure"]["max_timed_steps"], cfg["measure"]["max_timed_s"]) == (100, 15)
-    assert cfg["quality"] == {"tokens": 7_000_000, "batch": 32, "seeds": 2}  # README, "Study time"
+    assert cfg["quality"] == {
+        "tokens": 7_000_000,
+        "batch": 32,
+        "seeds": 2,
+    }  # docs/protocol.md, "Study time"
     assert (cfg["exactness"]["steps"], cfg["exactness"]["tolerance"]["bf16"]) == (50, 0.05)
     assert set(cfg["techniques"]) == {
         "baseline",
@@ -118,7 +122,7 @@ def test_defaults_fill_nested_and_per_technique():
             {"techniques": {"baseline": {"attention": "flash", "window": 8}}},
             ["techniques.baseline.attention", "'flash'", "flex"],
         ),
-        # Combinations (README, "What is checked, and when"): both keys named.
+        # Combinations (docs/configuration.md, "What is checked, and when"): both keys named.
         (
             {"measure": {"min_timed_steps": 50, "max_timed_steps": 20}},
             ["measure.min_timed_steps: 50", "measure.max_timed_steps (20)", "<= 20"],

@@ -1,5 +1,5 @@
 """Issue 14: a study killed with SIGKILL (its whole process group: Snakemake, its jobs' scripts)
-at several points resumes as the README says (`memopt unlock`, then the same command) and
+at several points resumes as docs/running.md says (`memopt unlock`, then the same command) and
 ends where an uninterrupted run ends; a job killed mid-run leaves no result file and is redone."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_a_study_killed_at_several_points_resumes_to_the_uninterrupted_result(
             break
         name, killed = run_until_killed(wd, points)
         kills.append(name)
-        # Locked, as after any kill -9: the README's section "When a run is interrupted".
+        # Locked, as after any kill -9: docs/running.md, "When a run is interrupted".
         proc = snakemake(wd, check=False)
         assert proc.returncode != 0 and "cannot be locked" in proc.stdout + proc.stderr, name
         # The job killed mid-run wrote nothing (a warm worker whose client died exits unwritten).

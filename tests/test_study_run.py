@@ -27,7 +27,8 @@ def test_a_folder_is_claimed_once_and_refused_to_another_study(tmp_path):
         check_folder("default", tmp_path)
     message = str(err.value)
     assert "holds the outputs of study 'smoke'" in message
-    assert "snakemake --profile profiles/default" in message and STAMP in message
+    assert "snakemake --profile profiles/smoke" in message and STAMP in message
+    assert "snakemake --directory runs/default" in message
 
 
 def test_the_command_is_repeated_as_typed_without_credentials():

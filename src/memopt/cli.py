@@ -124,7 +124,7 @@ def cmd_paper(args) -> None:
             + f"\n(memopt paper expects the techniques, batch entries and seeds of --config "
             f"{args.config}: is that the config these results were made with? For a study run "
             "through a profile, pass its config and folder, e.g. --config config/smoke.yaml "
-            "--results runs/smoke/results --data runs/smoke/data)"
+            "--results runs/smoke/results --data runs/smoke/data --out runs/smoke/paper)"
         )
     summary = results / "summary.csv"
     searches = sorted((results / "search").glob("*.json"))

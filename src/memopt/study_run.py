@@ -35,10 +35,12 @@ def check_folder(name: str, folder: Path) -> None:
         return
     raise ConfigError(
         f"study: {name!r}, but this folder ({Path(folder).resolve()}) holds the outputs of study "
-        f"{owner!r} ({STAMP}); running {name!r} here would delete or overwrite them. Run each study "
-        f"in its own folder: snakemake --profile profiles/{name} (its `directory:`), or "
-        f"snakemake --directory runs/{name} .... To give this folder to {name!r}, delete study "
-        f"{owner!r}'s outputs (data/ results/ paper/ logs/ {STAMP}) first"
+        f"{owner!r} ({STAMP}); running {name!r} here would delete or overwrite them. Each study "
+        "runs in a folder of its own: the smoke study through its profile (snakemake --profile "
+        "profiles/smoke, in runs/smoke/), the default study in the repository's folder, any other "
+        f"through a profile whose `directory:` names its folder (or snakemake --directory "
+        f"runs/{name} ...). To give this folder to {name!r}, delete study {owner!r}'s outputs "
+        f"(data/ results/ paper/ logs/ {STAMP}) first"
     )
 
 

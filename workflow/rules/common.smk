@@ -30,9 +30,12 @@ try:
             )
         )
     STUDY = validate_config(config)
-    check_folder(STUDY["study"], Path.cwd())  # another study's outputs are never touched
 except ConfigError as err:
     sys.exit(f"memopt: invalid config:\n{err}")
+try:
+    check_folder(STUDY["study"], Path.cwd())  # another study's outputs are never touched
+except ConfigError as err:
+    sys.exit(f"memopt: {err}")
 
 ROOT = Path(os.path.relpath(workflow.basedir))  # relative: recorded inputs survive a moved checkout
 
