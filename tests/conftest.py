@@ -201,7 +201,7 @@ def memopt_cli(capsys, monkeypatch):
 def paper_study(tmp_path_factory):
     """The synthetic study of tests/test_results.py, aggregated and with its figures drawn (once
     a session: drawing takes seconds): its paths, `root` and `figures`."""
-    from test_results import write_study
+    from synthetic_study import write_study
 
     from memopt.figures import make_figures
     from memopt.results import aggregate

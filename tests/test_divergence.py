@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_paper import md_table, render
-from test_results import write_study
+from synthetic_study import md_table, render, write_study
 
 import memopt.quality
 import memopt.train

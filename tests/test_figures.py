@@ -1,7 +1,7 @@
 """Figures: every one written as PDF and PNG, non-empty, byte-identical on a rebuild."""
 
 import pytest
-from test_results import TECHNIQUES, make_cell, write_study
+from synthetic_study import TECHNIQUES, make_cell, write_study
 
 from memopt.figures import FIGURE_NAMES, label_groups, make_figures, pareto
 from memopt.results import aggregate, write_json

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_results import CONFIG, QUALITY_LOSS, TECHNIQUES, make_cell
+from synthetic_study import CONFIG, QUALITY_LOSS, TECHNIQUES, TEMPLATES, make_cell, md_table, render
 
 from memopt.errors import MemoptError
 from memopt.figures import make_figures
@@ -18,7 +18,6 @@ from memopt.paper import param_count, render_paper
 from memopt.paper_format import build_pdf, md, mib, mparams, num, sig, tex
 from memopt.results import aggregate, write_json
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
 # Main-table column -> (summary.csv column, decimals shown in the paper).
 TABLE_NUMBERS = {
     "batch": ("batch_size", 0),
@@ -33,26 +32,6 @@ TABLE_NUMBERS = {
 def study(paper_study):
     """The synthetic study with its figures (conftest: drawn once per session)."""
     return paper_study
-
-
-def render(study, templates=TEMPLATES, name="paper", searches=None, **options):
-    out_md, out_tex = (
-        study["root"] / "paper" / f"{name}.md",
-        study["root"] / "paper" / f"{name}.tex",
-    )
-    render_paper(
-        study["summary"],
-        study["searches"] if searches is None else searches,
-        study["stats"],
-        study["meta"],
-        CONFIG,
-        study["figures"],
-        templates,
-        out_md,
-        out_tex,
-        **{"quality_csv": study["quality_csv"], "exactness_paths": study["exactness"], **options},
-    )
-    return out_md, out_tex
 
 
 def render_cells(study, tmp_path, cells: list[dict], draw: bool = False):
@@ -81,21 +60,6 @@ def render_cells(study, tmp_path, cells: list[dict], draw: bool = False):
         out_tex,
     )
     return out_md, out_tex
-
-
-def md_table(text: str, column: str) -> list[dict]:
-    """Parse the Markdown table whose header row has this column into one dict per row."""
-    lines = text.splitlines()
-    start = next(
-        i for i, line in enumerate(lines) if line.startswith("|") and f"| {column} |" in line
-    )
-    header = [h.strip() for h in lines[start].strip("|").split("|")]
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append(dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")))))
-    return rows
 
 
 def test_results_table_matches_summary(study):

@@ -2,7 +2,7 @@
 the recommendation table, whose winners must follow from the data."""
 
 import pytest
-from test_paper import md_table, render, study  # noqa: F401  (study: a fixture)
+from synthetic_study import md_table, render
 
 from memopt.flops import flops_per_token, recompute_flops_per_token
 from memopt.paper_analysis import add_hfu, recommendations
@@ -138,8 +138,8 @@ def test_no_quality_runs_no_quality_goal_and_one_seed_admits_only_the_best():
     )
 
 
-def test_the_paper_prints_the_recommendation_table(study):  # noqa: F811 (the fixture)
-    text = render(study)[0].read_text()
+def test_the_paper_prints_the_recommendation_table(paper_study):
+    text = render(paper_study)[0].read_text()
     rows = {r["goal"]: r for r in md_table(text, "what it costs")}
     # The synthetic study (tests/test_results.py): baseline's cells are the fastest, local128's the
     # leanest at `same`, and flash_gradcp's `max` ran out of memory.
