@@ -3,14 +3,19 @@
 import pickle
 import re
 
+import jsonschema
 import pytest
+import yaml
 
+from memopt import knobs
 from memopt.config import (
     ROOT_CONFIGS,
+    SCHEMA_PATH,
     Params,
     canonical,
     empty_overrides,
     load_config_file,
+    load_schema,
     validate_config,
 )
 from memopt.errors import ConfigError
@@ -70,24 +75,23 @@ def test_defaults_fill_nested_and_per_technique():
     cfg = validate_config(BASE)
     assert cfg["device"] == "cuda"
     assert cfg["measure"]["warmup_steps"] == 3 and cfg["quality"]["seeds"] == 2
-    assert cfg["techniques"]["baseline"] == {
-        "precision": "fp32",
-        "attention": "math",
-        "window": None,
-        "checkpointing": "none",
-        "checkpoint_every": 2,
-        "compile": False,
-        "loss": "standard",
-        "loss_chunk": 4096,
-        "optimizer": "adamw",
-        "optimizer_in_backward": False,
-        "offload": "none",
-        "compile_memory_budget": None,
-        "grad_accum": 1,
-        "parallel": "none",
-        "shard": "none",
-        "gpus": 1,
-    }
+    # every knob at its default (memopt.knobs, written once there); a few spelled out
+    assert cfg["techniques"]["baseline"] == knobs.defaults()
+    assert knobs.defaults()["precision"] == "fp32" and knobs.defaults()["loss_chunk"] == 4096
+    assert len(knobs.defaults()) == 16 and knobs.defaults()["window"] is None
+
+
+def test_the_knob_registry_is_the_schemas_technique_part():
+    """A knob's doc, values and default live in memopt.knobs; the schema file holds none of them,
+    and every default is a value its own schema allows."""
+    raw = yaml.safe_load(SCHEMA_PATH.read_text())
+    assert raw["properties"]["techniques"]["additionalProperties"]["properties"] == {}
+    technique = load_schema()["properties"]["techniques"]["additionalProperties"]
+    assert list(technique["properties"]) == [k.name for k in knobs.KNOBS]
+    for knob in knobs.KNOBS:
+        jsonschema.validate(knob.default, knob.schema())
+        assert knob.doc and knob.group
+    assert knobs.function_knobs() == ("precision", "window", "optimizer")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The study config: schema validation with defaults, cross-key rules, and clear errors.
 
-The schema lives in workflow/schemas/config.schema.yaml; the Snakefile and the `memopt` command both
+The schema lives in workflow/schemas/config.schema.yaml, its technique part in memopt.knobs; the
+Snakefile and the `memopt` command both
 validate through `validate_config`, so a bad value fails the same way everywhere.
 """
 
@@ -18,6 +19,7 @@ import yaml
 
 from memopt.config_rules import check_cross_keys
 from memopt.errors import ConfigError
+from memopt.knobs import schema_properties
 from memopt.redact import redact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,9 +28,12 @@ ROOT_CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    """The config schema, its technique part (one property per knob) from memopt.knobs."""
     if not path.exists():
         raise ConfigError(f"config schema not found at {path}; run memopt from a source checkout")
-    return yaml.safe_load(path.read_text())
+    schema = yaml.safe_load(path.read_text())
+    schema["properties"]["techniques"]["additionalProperties"]["properties"] = schema_properties()
+    return schema
 
 
 def load_config_file(path: Path) -> dict:

@@ -10,8 +10,9 @@ quality run; the exactness check verifies that they do. Torch-free: the Snakefil
 
 from __future__ import annotations
 
-# Knobs that define the function; every other knob only changes how it is computed.
-FUNCTION_KNOBS = ("precision", "window", "optimizer")
+from memopt.knobs import defaults, function_knobs
+
+FUNCTION = function_knobs()  # precision, window, optimizer: what the function is
 
 
 def function_of(spec: dict) -> str:
@@ -39,24 +40,9 @@ def quality_spec(techniques: dict[str, dict], function: str) -> dict:
     if not members:
         raise KeyError(function)
     spec = techniques[members[0]]
-    return {
-        "precision": spec["precision"],
-        "attention": "auto",
-        "window": spec.get("window"),
-        "checkpointing": "none",
-        "checkpoint_every": 2,
-        "compile": False,
-        "loss": "standard",
-        "loss_chunk": 4096,
-        "optimizer": spec.get("optimizer", "adamw"),
-        "optimizer_in_backward": False,
-        "offload": "none",
-        "compile_memory_budget": None,
-        "grad_accum": 1,
-        "parallel": "none",
-        "shard": "none",
-        "gpus": 1,
-    }
+    # The function's knobs as its first technique sets them; every other knob at its default.
+    function = {k: spec.get(k, default) for k, default in defaults().items() if k in FUNCTION}
+    return defaults() | function | {"attention": "auto"}
 
 
 def reference_technique(techniques: dict[str, dict], technique: str) -> str:
