@@ -7,6 +7,7 @@ from memopt.figures import FIGURE_NAMES, label_groups, make_figures, pareto
 from memopt.results import aggregate, write_json
 
 
+@pytest.mark.slow  # draws every figure twice (serial and forked) to compare the bytes; the other figure tests draw them once
 def test_figures_exist_as_pdf_and_png(tmp_path):
     study = write_study(tmp_path)
     aggregate(study["cells"], study["summary"])

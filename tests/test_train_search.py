@@ -101,6 +101,7 @@ def test_search_cap_and_none_fits(tokens):
         search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
 
 
+@pytest.mark.slow  # four searches in one process: state leaking from one to the next
 def test_search_does_not_depend_on_order(tokens):
     cfg = study(baseline={}, gradcp={"checkpointing": "full"})
     cfg["search"]["cpu_memory_budget_gib"] = 4 / 1024  # smaller batches: a quicker test
