@@ -23,6 +23,9 @@ class Knob:
     value: dict  # JSON Schema of the value: enum, or type with its range
     default: object = None
     function: bool = False  # changes the function computed (quality is measured per function)
+    # Every cell's spec holds it: one of the first six knobs. A cell written before a later knob
+    # existed lacks it and ran at its default (memopt.results reads it so).
+    required: bool = False
 
     def schema(self) -> dict:
         return {"description": self.doc, **self.value, "default": self.default}
@@ -41,6 +44,7 @@ KNOBS: tuple[Knob, ...] = (
         {"enum": ["fp32", "tf32", "bf16", "fp16", "fp8"]},
         default="fp32",
         function=True,
+        required=True,
     ),
     Knob(
         "attention",
@@ -55,6 +59,7 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"enum": ["math", "flash", "efficient", "cudnn", "flex", "flash_attn", "auto"]},
         default="math",
+        required=True,
     ),
     Knob(
         "window",
@@ -63,6 +68,7 @@ KNOBS: tuple[Knob, ...] = (
         {"type": ["integer", "null"], "minimum": 1},
         default=None,
         function=True,
+        required=True,
     ),
     Knob(
         "checkpointing",
@@ -74,6 +80,7 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"enum": ["none", "full", "every_k", "selective"]},
         default="none",
+        required=True,
     ),
     Knob(
         "checkpoint_every",
@@ -81,6 +88,7 @@ KNOBS: tuple[Knob, ...] = (
         "k for checkpointing every_k.",
         {"type": "integer", "minimum": 1},
         default=2,
+        required=True,
     ),
     Knob(
         "compile",
@@ -88,6 +96,7 @@ KNOBS: tuple[Knob, ...] = (
         "Wrap the model in torch.compile.",
         {"type": "boolean"},
         default=False,
+        required=True,
     ),
     Knob(
         "loss",

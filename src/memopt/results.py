@@ -12,6 +12,7 @@ import pandas as pd
 
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-exported)
+from memopt.knobs import KNOBS
 from memopt.steady import instability, median_interval
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
@@ -21,20 +22,9 @@ CELL_KEYS = """
     allocator_events tokens_per_s model_tflops mfu wall_s peak_allocated_mib peak_reserved_mib
     phase_memory memory_breakdown loss_curve error
 """.split()
-SPEC_KEYS = ["precision", "attention", "window", "checkpointing", "checkpoint_every", "compile"]
+SPEC_KEYS = [k.name for k in KNOBS if k.required]
 # Knobs added later: a cell written before them ran with these values.
-LATER_SPEC_KEYS = {
-    "loss": "standard",
-    "loss_chunk": 4096,
-    "optimizer": "adamw",
-    "optimizer_in_backward": False,
-    "offload": "none",
-    "compile_memory_budget": None,
-    "grad_accum": 1,
-    "parallel": "none",
-    "shard": "none",
-    "gpus": 1,
-}
+LATER_SPEC_KEYS = {k.name: k.default for k in KNOBS if not k.required}
 STEP_TIME_STATS = ["mean", "median", "std", "p10", "p90", "ci95_half", "rel_ci95"]
 ALLOCATOR_KEYS = ["alloc_retries", "ooms", "device_allocs", "device_frees"]
 # Provenance is optional per key (older cells may lack some); copied so the paper can cite it.
