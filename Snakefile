@@ -15,7 +15,7 @@ include: "workflow/rules/paper.smk"
 
 
 # Before the first job: this folder is this study's (claimed for it), and the study's device is
-# here when training jobs run locally (memopt.study_run). Not in a dry run.
+# here when training jobs run locally (memopt.run.study_run). Not in a dry run.
 onstart:
     try:
         if workflow.local_exec:

@@ -150,7 +150,7 @@ def tiny_study(tmp_path):
     """A tiny CPU study: (validated config, TokenData of random tokens written to tmp_path)."""
 
     from memopt.config import validate_config
-    from memopt.data import TokenData
+    from memopt.data.tokens import TokenData
 
     write_random_tokens(tmp_path)
     cfg = validate_config(
@@ -181,7 +181,7 @@ class CliResult(NamedTuple):
 def memopt_cli(capsys, monkeypatch):
     """`memopt ARGS` in this process (no torch import per call): run(*args, cwd=...) ->
     CliResult. An exception other than the command's own exit fails the test: no traceback."""
-    from memopt import cli
+    from memopt.run import cli
 
     def run(*args, cwd: Path) -> CliResult:
         monkeypatch.chdir(cwd)
@@ -203,8 +203,8 @@ def paper_study(tmp_path_factory):
     a session: drawing takes seconds): its paths, `root` and `figures`."""
     from synthetic_study import write_study
 
-    from memopt.figures import make_figures
-    from memopt.results import aggregate
+    from memopt.report.figures import make_figures
+    from memopt.report.results import aggregate
 
     root = tmp_path_factory.mktemp("study")
     paths = write_study(root)

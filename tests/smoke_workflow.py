@@ -18,7 +18,7 @@ import yaml
 from conftest import DATASET, _prose, write_speakleash_mirror
 from plan_runner import parse_plan
 
-from memopt.paper_format import tex_engine
+from memopt.report.paper_format import tex_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -90,7 +90,7 @@ def snakemake(wd: Path, *args, check=True) -> subprocess.CompletedProcess:
 def unlock(wd: Path) -> str:
     """The README's step after a kill -9: `memopt unlock` (refuses while a job still runs)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "memopt.cli", "unlock"], cwd=wd, capture_output=True, text=True,
+        [sys.executable, "-m", "memopt.run.cli", "unlock"], cwd=wd, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

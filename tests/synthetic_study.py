@@ -6,10 +6,10 @@ holds one aggregated copy with its figures."""
 import math
 from pathlib import Path
 
-from memopt.functions import function_of
-from memopt.paper import render_paper
-from memopt.results import write_json
-from memopt.verdicts import aggregate_quality
+from memopt.report.paper import render_paper
+from memopt.report.results import write_json
+from memopt.report.verdicts import aggregate_quality
+from memopt.runtime.functions import function_of
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "paper" / "templates"
 
@@ -60,7 +60,7 @@ def make_cell(technique: str, entry: str, batch_size: int, status: str = "ok") -
         "seq_len": 64,
         "tokens_per_step": batch_size * 64,
         "step_time_ms": step if ok else None,
-        # local128 at its maximum warms up: its first steps are slow (memopt.steady flags it).
+        # local128 at its maximum warms up: its first steps are slow (memopt.report.steady flags it).
         "step_times_ms": [
             100.9
             * k

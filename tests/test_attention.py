@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from memopt.attention import IMPLEMENTATIONS, band_mask, math_attention, resolve_kernel
 from memopt.errors import KernelUnavailable
+from memopt.runtime.attention import IMPLEMENTATIONS, band_mask, math_attention, resolve_kernel
 
 
 def loop_reference(q, k, v, window):
@@ -41,7 +41,7 @@ def test_window_covers_exactly_w_keys_including_itself():
 def test_flex_block_mask_is_the_band(window):
     """flex's mask (the window a captured tensor, so one compiled graph serves every window)
     keeps exactly the keys of band_mask, and the block mask skips no tile it needs."""
-    from memopt.attention import _flex_block_mask
+    from memopt.runtime.attention import _flex_block_mask
 
     _flex_block_mask.cache_clear()
     block_mask = _flex_block_mask(256, window, "cpu")
@@ -105,7 +105,7 @@ def stand_in_flash_attn(monkeypatch):
     import sys
     import types
 
-    from memopt import attention
+    from memopt.runtime import attention
 
     calls = []
 
@@ -134,7 +134,7 @@ def stand_in_flash_attn(monkeypatch):
 
 @pytest.mark.parametrize("window", [None, 1, 4, 9])
 def test_flash_attn_adapter_maps_layout_and_window(stand_in_flash_attn, window):
-    from memopt.attention import flash_attn_attention, flash_attn_impl, kernel_detail
+    from memopt.runtime.attention import flash_attn_attention, flash_attn_impl, kernel_detail
 
     assert flash_attn_impl() == "FA2"
     assert kernel_detail("flash_attn") == "flash_attn (FA2 2.99-stand-in)"
@@ -158,7 +158,7 @@ def test_auto_prefers_flash_attn_when_installed(stand_in_flash_attn):
 def test_flash_attn_missing_is_an_error(monkeypatch):
     import sys
 
-    from memopt import attention
+    from memopt.runtime import attention
 
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails as if not installed
     attention.flash_attn_impl.cache_clear()

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from conftest import write_random_tokens
 
-from memopt import cli
+from memopt.run import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def memopt(*args, cwd) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "memopt.cli", *map(str, args)]
+    cmd = [sys.executable, "-m", "memopt.run.cli", *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 

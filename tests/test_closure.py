@@ -3,9 +3,11 @@ sources (tests/test_rebuild.py checks what a dry run then plans for every module
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
-from memopt.closure import closure, code_inputs
+from memopt.run.closure import closure, code_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "workflow" / "scripts"
@@ -47,7 +49,17 @@ def test_the_rules_code_is_their_scripts_closure():
     """The modules the issue found missing from hand-written lists are in the computed ones."""
     rule_code = {s.stem: {p.stem for p in closure([s], PACKAGE)} for s in SCRIPTS.glob("*.py")}
     training = {"optimizers", "precision", "losses", "offload", "parallel", "config", "flops"}
-    training |= {"divergence", "train", "model", "attention", "search", "quality", "pipeline"}
+    training |= {
+        "divergence",
+        "step",
+        "cell",
+        "outcome",
+        "model",
+        "attention",
+        "search",
+        "quality",
+        "pipeline",
+    }
     for rule in ("search", "cell", "quality"):
         assert training <= rule_code[rule], (rule, training - rule_code[rule])
     paper = {"paper", "paper_prose", "paper_analysis", "paper_mechanisms", "paper_gpus", "verdicts"}
@@ -64,3 +76,15 @@ def test_code_inputs_are_relative_to_the_working_directory(monkeypatch):
     monkeypatch.chdir(ROOT)
     paths = code_inputs(SCRIPTS / "pdf.py")
     assert paths and all(not p.is_absolute() and p.parts[:2] == ("src", "memopt") for p in paths)
+
+
+def test_jobs_import_memopt_from_the_checkout_the_rules_track(monkeypatch, tmp_path):
+    """The Snakefile puts the checkout's src/ first for itself and for every job it starts
+    (PYTHONPATH, inherited), once, keeping what else was there."""
+    from memopt.run.closure import jobs_import_from
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", str(tmp_path)]))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    jobs_import_from(tmp_path / ".")
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/elsewhere"]
+    assert sys.path[0] == str(tmp_path)

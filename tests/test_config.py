@@ -2,6 +2,7 @@
 
 import pickle
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -9,7 +10,6 @@ import yaml
 
 from memopt import knobs
 from memopt.config import (
-    ROOT_CONFIGS,
     SCHEMA_PATH,
     Params,
     canonical,
@@ -21,6 +21,8 @@ from memopt.config import (
 from memopt.errors import ConfigError
 
 BASE = {"techniques": {"baseline": {}}}
+ROOT = Path(__file__).resolve().parents[1]
+ROOT_CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
 
 
 @pytest.mark.parametrize("name", ROOT_CONFIGS)

@@ -1,4 +1,4 @@
-"""memopt.corpus against fixture mirrors on disk and on loopback HTTP; never the real internet."""
+"""memopt.data.corpus against fixture mirrors on disk and on loopback HTTP; never the real internet."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import zstandard
 from speakleash.config_loader import ConfigLoader
 
-from memopt.corpus import normalize_text, prepare_corpus
+from memopt.data.corpus import normalize_text, prepare_corpus
 from memopt.errors import CorpusError
 
 
@@ -319,11 +319,11 @@ def test_broken_dataset_file_names_file_and_place(make_speakleash_mirror, speakl
 
 
 def test_records_read_as_speakleash_reads_them(tmp_path):
-    """memopt.corpus_file.records gives what speakleash's own reader gives for a sound file:
+    """memopt.data.corpus_file.records gives what speakleash's own reader gives for a sound file:
     several zstd frames, paragraphs given as a list, records with and without meta."""
     from lm_dataformat import Reader
 
-    from memopt.corpus_file import records
+    from memopt.data.corpus_file import records
 
     path = tmp_path / "d.jsonl.zst"
     frame2 = _zst(b'{"text": ["p1", "p2"], "meta": {"name": "x"}}', b'{"text": "no meta"}')

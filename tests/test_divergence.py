@@ -11,15 +11,17 @@ import sys
 import pytest
 from synthetic_study import md_table, render, write_study
 
-import memopt.quality
-import memopt.train
+import memopt.jobs.cell
+import memopt.jobs.quality
+import memopt.runtime.step
 from memopt.config import technique_spec, validate_config
-from memopt.figures import make_figures
-from memopt.functions import quality_spec
-from memopt.quality import CHECK_EVERY, run_quality
-from memopt.results import aggregate, read_json, read_summary, write_json
-from memopt.train import prepare, run_cell, train_step
-from memopt.verdicts import aggregate_quality
+from memopt.jobs.cell import run_cell
+from memopt.jobs.quality import CHECK_EVERY, run_quality
+from memopt.report.figures import make_figures
+from memopt.report.results import aggregate, read_json, read_summary, write_json
+from memopt.report.verdicts import aggregate_quality
+from memopt.runtime.functions import quality_spec
+from memopt.runtime.step import prepare, train_step
 
 # FP16 (CPU autocast) at learning rate 1 without clipping: the logits overflow FP16 within a few
 # steps and the loss becomes NaN, as a real FP16 run at too high a learning rate does.
@@ -51,14 +53,15 @@ def first_nonfinite_step(cfg, spec, data, batch: int) -> int:
     raise AssertionError("the reference run did not diverge in 200 steps")
 
 
-def count_steps(monkeypatch, module) -> list:
+def count_steps(monkeypatch, *modules) -> list:
     calls = []
 
     def counted(*args, **kwargs):
         calls.append(1)
         return train_step(*args, **kwargs)
 
-    monkeypatch.setattr(module, "train_step", counted)
+    for module in modules:
+        monkeypatch.setattr(module, "train_step", counted)
     return calls
 
 
@@ -66,7 +69,7 @@ def test_a_diverging_cell_stops_at_once_and_records_its_step(tiny_study, monkeyp
     cfg, data = diverging_study(tiny_study)
     expected = first_nonfinite_step(cfg, technique_spec(cfg, "unstable"), data, 4)
     assert expected > cfg["measure"]["warmup_steps"] + cfg["measure"]["min_timed_steps"]
-    calls = count_steps(monkeypatch, memopt.train)
+    calls = count_steps(monkeypatch, memopt.jobs.cell, memopt.runtime.step)
     cell = run_cell(cfg, "unstable", "4", 4, data, "cpu")
     assert cell["status"] == "diverged" and cell["diverged_step"] == expected
     assert len(calls) == expected  # past the minimum timed steps every step is checked
@@ -85,7 +88,7 @@ def test_a_diverging_quality_run_stops_within_its_check_interval(tiny_study, mon
     cfg, data = diverging_study(tiny_study)
     spec = quality_spec(cfg["techniques"], "fp16")  # what a quality run trains
     expected = first_nonfinite_step(cfg, spec, data, cfg["quality"]["batch"])
-    calls = count_steps(monkeypatch, memopt.quality)
+    calls = count_steps(monkeypatch, memopt.jobs.quality)
     run = run_quality(cfg, "fp16", cfg["train"]["seed"], data, "cpu")
     assert run["status"] == "diverged" and run["diverged_step"] == expected
     assert expected <= len(calls) < expected + CHECK_EVERY < cfg["quality"]["tokens"] / 128
@@ -149,7 +152,7 @@ def test_the_paper_shows_diverged_runs_as_such(tiny_study, tmp_path):
 # Run by torchrun on each rank: rank 1's slice goes non-finite at step 5, rank 0's never does.
 RANKS_SCRIPT = """
 import json, sys, torch, torch.distributed as dist
-from memopt.divergence import Diverged, LossWatch
+from memopt.runtime.divergence import Diverged, LossWatch
 dist.init_process_group("gloo")
 rank, watch, losses = dist.get_rank(), LossWatch(), []
 out = None
@@ -186,7 +189,7 @@ def test_ranks_agree_on_the_first_diverged_step(tmp_path):
 
 
 def test_a_reference_with_a_diverged_seed_is_no_yardstick():
-    from memopt.verdicts import quality_table
+    from memopt.report.verdicts import quality_table
 
     techniques = {"base": {"precision": "fp32", "window": None},
                   "quick": {"precision": "bf16", "window": None}}  # fmt: skip
@@ -210,7 +213,7 @@ def test_a_non_finite_validation_loss_is_a_divergence_too(tiny_study, monkeypatc
     """The last update can break the weights after the last training loss was read."""
     cfg, data = tiny_study
     cfg = cfg | {"quality": {"tokens": 4 * 32 * 5, "batch": 4, "seeds": 1}}
-    monkeypatch.setattr(memopt.quality, "evaluate", lambda *args: float("nan"))
+    monkeypatch.setattr(memopt.jobs.quality, "evaluate", lambda *args: float("nan"))
     run = run_quality(cfg, "fp32", 1234, data, "cpu")
     assert run["status"] == "diverged" and run["diverged_step"] == 6  # after the 5 steps
     assert run["error"] == "validation loss after the last update became nan at step 6"
@@ -225,7 +228,7 @@ def test_a_quality_run_out_of_memory_is_a_result(tiny_study, monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     cfg, data = tiny_study
-    monkeypatch.setattr(memopt.quality, "train_step", out_of_memory)
+    monkeypatch.setattr(memopt.jobs.quality, "train_step", out_of_memory)
     run = run_quality(cfg | {"quality": {"tokens": 640, "batch": 4, "seeds": 1}}, "fp32", 1234,
                       data, "cpu")  # fmt: skip
     assert run["status"] == "oom" and run["error"].startswith("quality.batch 4 does not fit")

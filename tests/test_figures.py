@@ -3,8 +3,8 @@
 import pytest
 from synthetic_study import TECHNIQUES, make_cell, write_study
 
-from memopt.figures import FIGURE_NAMES, label_groups, make_figures, pareto
-from memopt.results import aggregate, write_json
+from memopt.report.figures import FIGURE_NAMES, label_groups, make_figures, pareto
+from memopt.report.results import aggregate, write_json
 
 
 @pytest.mark.slow  # draws every figure twice (serial and forked) to compare the bytes; the other figure tests draw them once
@@ -124,7 +124,7 @@ def test_forked_rendering_keeps_order_and_fails_instead_of_hanging(tmp_path):
 
     from matplotlib.figure import Figure
 
-    from memopt.figures_style import render_all
+    from memopt.report.figures_style import render_all
 
     def ok():
         fig = Figure()
@@ -146,7 +146,7 @@ def test_placed_labels_never_overlap():
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
-    from memopt.figures_style import place_labels
+    from memopt.report.figures_style import place_labels
 
     fig = Figure(figsize=(6.0, 3.8))
     ax = fig.subplots()

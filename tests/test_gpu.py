@@ -4,8 +4,8 @@ reference on random shapes, and techniques agree at the model level."""
 import pytest
 import torch
 
-from memopt.attention import IMPLEMENTATIONS, flash_attn_impl, math_attention
-from memopt.model import ModelConfig, build_model
+from memopt.runtime.attention import IMPLEMENTATIONS, flash_attn_impl, math_attention
+from memopt.runtime.model import ModelConfig, build_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from memopt.config import full_spec
-from memopt.losses import chunked_cross_entropy, output_loss
-from memopt.model import ModelConfig, build_model
-from memopt.offload import offload_context
-from memopt.optimizers import make_optimizer, state_bytes
-from memopt.techniques import apply_technique
-from memopt.train import technique_optimizer, train_step
+from memopt.runtime.losses import chunked_cross_entropy, output_loss
+from memopt.runtime.model import ModelConfig, build_model
+from memopt.runtime.offload import offload_context
+from memopt.runtime.optimizers import make_optimizer, state_bytes
+from memopt.runtime.step import technique_optimizer, train_step
+from memopt.runtime.techniques import apply_technique
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import write_random_tokens
 
-from memopt.data import TokenData
+from memopt.data.tokenizer import load_model
+from memopt.data.tokens import TokenData
 from memopt.errors import MemoptError
 from memopt.fileio import ensure_writable, read_json, write_json
-from memopt.pipeline import check_batch_entry, resolve_batch
-from memopt.results import aggregate
-from memopt.tokenizer import load_model
+from memopt.jobs.pipeline import check_batch_entry, resolve_batch
+from memopt.report.results import aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memopt import offload
 from memopt.config import ConfigError, full_spec, validate_config
 from memopt.errors import KernelUnavailable
-from memopt.losses import check_loss, output_loss
-from memopt.offload import OffloadedBytes, offload_context
-from memopt.precision import check_fp8
-from memopt.techniques import apply_technique, compile_cache_counts
-from memopt.train import technique_optimizer, train_step
+from memopt.runtime import offload
+from memopt.runtime.losses import check_loss, output_loss
+from memopt.runtime.offload import OffloadedBytes, offload_context
+from memopt.runtime.precision import check_fp8
+from memopt.runtime.step import technique_optimizer, train_step
+from memopt.runtime.techniques import apply_technique, compile_cache_counts
 
 TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, seq_len=16, dropout=0.0)
 VOCAB = 97
@@ -355,12 +355,12 @@ def test_the_same_knobs_are_allowed_where_they_can_run():
 
 
 def test_config_knows_the_16bit_precisions_and_the_cpu_kernels():
-    """memopt.config_rules restates, without importing torch, what memopt.precision and the CPU's
+    """memopt.config_rules restates, without importing torch, what memopt.runtime.precision and the CPU's
     SDPA backends say: keep them in step."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from memopt import config_rules
-    from memopt.precision import AUTOCAST_DTYPES
+    from memopt.runtime.precision import AUTOCAST_DTYPES
 
     assert set(config_rules._SIXTEEN_BIT) == set(AUTOCAST_DTYPES)
     q = torch.randn(1, 2, 8, 16)

@@ -1,4 +1,4 @@
-"""GPU leases (memopt.lease) with fake GPU ids: concurrent jobs get distinct GPUs, a killed job's
+"""GPU leases (memopt.runtime.lease) with fake GPU ids: concurrent jobs get distinct GPUs, a killed job's
 GPU is free again, a job that finds none free waits instead of sharing."""
 
 import contextlib
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from memopt import lease
+from memopt.runtime import lease
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # A job: lease a GPU, report it (and what CUDA_VISIBLE_DEVICES says), hold it until told to stop.
 HOLDER = """
 import json, sys, time
 from pathlib import Path
-from memopt.lease import gpu_lease
+from memopt.runtime.lease import gpu_lease
 with gpu_lease(progress=lambda m: print(m, file=sys.stderr, flush=True), poll_s=0.05) as gpu:
     import os
     print(json.dumps({"gpu": gpu.key, "visible": os.environ["CUDA_VISIBLE_DEVICES"],
@@ -159,8 +159,8 @@ def test_a_cell_refuses_a_search_from_another_gpu_model(tmp_path):
     """The batch a cell trains comes from a search (its own for `max`, the baseline's for `same`):
     from another GPU model it is refused unless mixed_gpus: allow."""
     from memopt.errors import MemoptError
-    from memopt.pipeline import check_same_gpu_model
-    from memopt.results import write_json
+    from memopt.jobs.pipeline import check_same_gpu_model
+    from memopt.report.results import write_json
 
     h100 = tmp_path / "flash.json"
     write_json(h100, {"max_batch": 117, "provenance": {"gpu": "NVIDIA H100 80GB HBM3"}})

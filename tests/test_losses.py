@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from memopt.config import ConfigError, full_spec, validate_config
-from memopt.losses import chunked_cross_entropy
-from memopt.measure import TensorMemoryTracker
-from memopt.model import ModelConfig, build_model
-from memopt.results import incremental_effects
+from memopt.report.results import incremental_effects
+from memopt.runtime.losses import chunked_cross_entropy
+from memopt.runtime.measure import TensorMemoryTracker
+from memopt.runtime.model import ModelConfig, build_model
 
 TINY = dict(vocab_size=97, n_layers=2, d_model=32, n_heads=4, d_ff=64, seq_len=16, dropout=0.1)
 
@@ -84,7 +84,7 @@ def test_chunked_loss_is_traced_into_a_compiled_graph():
     cross-entropy fuses), with the same loss and gradients as eager."""
     import torch._dynamo
 
-    from memopt.techniques import apply_technique
+    from memopt.runtime.techniques import apply_technique
 
     model_cfg = {k: v for k, v in TINY.items() if k not in ("vocab_size", "dropout")}
     idx = torch.randint(0, 97, (6, 17), generator=torch.Generator().manual_seed(1))

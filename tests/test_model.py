@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memopt.model import ModelConfig, build_model, n_params
+from memopt.runtime.model import ModelConfig, build_model, n_params
 
 TINY = dict(vocab_size=97, n_layers=3, d_model=32, n_heads=4, d_ff=64, seq_len=16, dropout=0.1)
 
@@ -56,7 +56,7 @@ def test_dropout_is_active_in_training():
 
 
 def test_checkpointing_modes_keep_less_after_forward():
-    from memopt.measure import TensorMemoryTracker
+    from memopt.runtime.measure import TensorMemoryTracker
 
     kept = {}
     for mode in ("none", "selective", "every_k", "full"):

@@ -8,11 +8,11 @@ import torch
 
 from memopt.config import ConfigError, full_spec, validate_config
 from memopt.errors import KernelUnavailable
-from memopt.functions import function_of, functions
-from memopt.model import ModelConfig, build_model
-from memopt.optimizers import make_optimizer, state_bytes
-from memopt.techniques import apply_technique
-from memopt.train import train_step
+from memopt.runtime.functions import function_of, functions
+from memopt.runtime.model import ModelConfig, build_model
+from memopt.runtime.optimizers import make_optimizer, state_bytes
+from memopt.runtime.step import train_step
+from memopt.runtime.techniques import apply_technique
 
 TINY = dict(vocab_size=97, n_layers=2, d_model=32, n_heads=4, d_ff=64, seq_len=16, dropout=0.1)
 TRAIN = {"lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 2, "grad_clip": 0.0}

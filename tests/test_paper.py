@@ -12,11 +12,11 @@ import pytest
 from synthetic_study import CONFIG, QUALITY_LOSS, TECHNIQUES, TEMPLATES, make_cell, md_table, render
 
 from memopt.errors import MemoptError
-from memopt.figures import make_figures
 from memopt.fileio import read_json
-from memopt.paper import param_count, render_paper
-from memopt.paper_format import build_pdf, md, mib, mparams, num, sig, tex
-from memopt.results import aggregate, write_json
+from memopt.report.figures import make_figures
+from memopt.report.paper import param_count, render_paper
+from memopt.report.paper_format import build_pdf, md, mib, mparams, num, sig, tex
+from memopt.report.results import aggregate, write_json
 
 # Main-table column -> (summary.csv column, decimals shown in the paper).
 TABLE_NUMBERS = {
@@ -231,7 +231,7 @@ def test_param_count_by_hand():
 
 
 def test_pdf_without_a_tex_engine_says_so(monkeypatch, tmp_path):
-    from memopt import paper_format
+    from memopt.report import paper_format
 
     monkeypatch.setattr(paper_format.shutil, "which", lambda name: None)
     with pytest.raises(MemoptError, match="no TeX engine found .* paper.md and paper.tex"):
@@ -241,7 +241,7 @@ def test_pdf_without_a_tex_engine_says_so(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not shutil.which("pdflatex"), reason="no pdflatex here")
 def test_build_pdf_leaves_only_the_pdf(study):
-    from memopt.paper_format import build_pdf
+    from memopt.report.paper_format import build_pdf
 
     _, out_tex = render(study)
     out_tex.with_suffix(".pdf").unlink(missing_ok=True)  # another test may have compiled here
@@ -375,7 +375,7 @@ def test_stage_times_and_reference_comparison(study, tmp_path):
         " peak_memory_raw: '10,000 MB', speedup_vs_baseline: 1.5}\n"
         "      - {memopt: local128, batch: max, batch_size: 80, peak_memory_raw: '39 GB'}\n"
     )
-    from memopt.stages import stage_benchmarks
+    from memopt.report.stages import stage_benchmarks
 
     out_md, _ = render(
         study, name="timed", benchmark_paths=stage_benchmarks(bench), reference_path=reference

@@ -1,12 +1,12 @@
-"""The paper's conclusions (memopt.paper_analysis): HFU from the recomputation the knobs imply, and
+"""The paper's conclusions (memopt.report.paper_analysis): HFU from the recomputation the knobs imply, and
 the recommendation table, whose winners must follow from the data."""
 
 import pytest
 from synthetic_study import md_table, render
 
-from memopt.flops import flops_per_token, recompute_flops_per_token
-from memopt.paper_analysis import add_hfu, recommendations
-from memopt.verdicts import quality_table
+from memopt.report.paper_analysis import add_hfu, recommendations
+from memopt.report.verdicts import quality_table
+from memopt.runtime.flops import flops_per_token, recompute_flops_per_token
 
 MODEL = {"d_model": 8, "n_layers": 4, "d_ff": 16, "seq_len": 4}
 
@@ -163,7 +163,7 @@ def breakdown_cell(technique, kernel, precision, weights, optimizer, activations
 
 
 def test_mechanisms_explain_each_part_that_moved_with_its_numbers():
-    from memopt.paper_mechanisms import mechanisms
+    from memopt.report.paper_mechanisms import mechanisms
 
     model = {"n_layers": 12, "n_heads": 12, "seq_len": 1024}
     cells = [
@@ -208,8 +208,8 @@ def test_mechanisms_explain_each_part_that_moved_with_its_numbers():
 
 
 def test_the_tf32_reference_is_the_baseline_with_tf32_and_gets_its_own_speedups():
-    from memopt.paper_analysis import add_tf32_speedups, tf32_reference
-    from memopt.results import LATER_SPEC_KEYS, SPEC_KEYS
+    from memopt.report.paper_analysis import add_tf32_speedups, tf32_reference
+    from memopt.report.results import LATER_SPEC_KEYS, SPEC_KEYS
 
     knobs = dict.fromkeys(SPEC_KEYS, None) | LATER_SPEC_KEYS | {"attention": "math"}
     cells = [
@@ -227,7 +227,7 @@ def test_the_tf32_reference_is_the_baseline_with_tf32_and_gets_its_own_speedups(
 
 
 def test_the_peak_parts_add_up_to_the_peak():
-    from memopt.paper_mechanisms import peak_parts
+    from memopt.report.paper_mechanisms import peak_parts
 
     c = breakdown_cell("base", "math", "fp32", 421, 842, 65110, 6250, 78940, 44687)
     parts = peak_parts(c)

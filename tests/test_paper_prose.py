@@ -1,4 +1,4 @@
-"""The paper's prose (memopt.paper_prose): written once in Markdown, converted to LaTeX; its
+"""The paper's prose (memopt.report.paper_prose): written once in Markdown, converted to LaTeX; its
 numbers are derived from the results, and no template hard-codes a measured number."""
 
 import re
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from memopt.config import load_config_file, validate_config
-from memopt.paper import build_context
-from memopt.paper_prose import md_to_tex, story
+from memopt.report.paper import build_context
+from memopt.report.paper_prose import md_to_tex, story
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "studies" / "h100-protocol-v2"
@@ -126,7 +126,7 @@ def test_the_story_derives_its_numbers_from_the_results(context):
 def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):
     """+20% at the larger batch is a gain when the two cells' intervals are narrow, not when
     they are wide enough to hold it."""
-    from memopt.paper_prose import _batch_speed
+    from memopt.report.paper_prose import _batch_speed
 
     def with_flash_max(rel_ci):
         cells = [dict(c) for c in context["cells"]]

@@ -1,4 +1,4 @@
-"""Parallel techniques on the CPU (memopt.parallel, memopt.distributed): two gloo ranks under
+"""Parallel techniques on the CPU (memopt.runtime.parallel, memopt.run.distributed): two gloo ranks under
 torchrun train what one process trains on the whole batch, for DDP, ZeRO-1 and FSDP2's two
 sharding levels; a cell and a search of a parallel technique run as one job on two ranks."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import write_random_tokens
 
-from memopt import lease
 from memopt.config import validate_config
-from memopt.data import TokenData
+from memopt.data.tokens import TokenData
 from memopt.errors import ConfigError, MemoptError
-from memopt.train import prepare, train_step
+from memopt.runtime import lease
+from memopt.runtime.step import prepare, train_step
 
 MODES = {
     "ddp": {"parallel": "ddp"},
@@ -113,7 +113,7 @@ def test_sharded_steps_train_the_same_weights_as_one_process(tokens_dir, tmp_pat
 
 
 def test_each_rank_trains_its_contiguous_slice_of_the_same_batch(tokens_dir):
-    from memopt.data import Batches
+    from memopt.data.tokens import Batches
 
     train = TokenData(tokens_dir).train
     whole = Batches(train, 32, 6, 7, "cpu").next()[0]
@@ -123,7 +123,7 @@ def test_each_rank_trains_its_contiguous_slice_of_the_same_batch(tokens_dir):
 
 @pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_a_parallel_search_and_cell_run_as_one_job_on_two_ranks(tokens_dir, tmp_path, capsys):
-    from memopt.worker import run_job
+    from memopt.run.worker import run_job
 
     cfg = study(tokens_dir, zero3={"parallel": "fsdp2", "shard": "full", "gpus": 2})
     cfg.pop("tokens_dir")
@@ -150,7 +150,7 @@ def test_a_parallel_search_and_cell_run_as_one_job_on_two_ranks(tokens_dir, tmp_
 
 @pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_a_failing_rank_fails_the_job_and_writes_nothing(tokens_dir, tmp_path):
-    from memopt.worker import run_job
+    from memopt.run.worker import run_job
 
     cfg = study(tokens_dir, ddp={"parallel": "ddp", "gpus": 2})
     cfg.pop("tokens_dir")
@@ -206,7 +206,7 @@ def test_a_job_leases_all_its_gpus_or_none(monkeypatch, tmp_path):
 
 @pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
 def test_a_parallel_cell_out_of_memory_is_recorded_after_a_relaunch(tokens_dir, tmp_path):
-    from memopt.worker import run_job
+    from memopt.run.worker import run_job
 
     cfg = study(tokens_dir, ddp={"parallel": "ddp", "gpus": 2})
     cfg.pop("tokens_dir")

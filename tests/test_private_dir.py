@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from memopt import lease, worker
 from memopt.errors import MemoptError
-from memopt.private_dir import RUNTIME_ENV, runtime_dir
+from memopt.run import worker
+from memopt.runtime import lease
+from memopt.runtime.private_dir import RUNTIME_ENV, runtime_dir
 
 ON = {"enabled": True, "idle_s": 30}
 

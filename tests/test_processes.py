@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from memopt import processes
+from memopt.run import processes
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 JOB = """
 import subprocess, sys, time
-from memopt.processes import stop_with_snakemake
+from memopt.run.processes import stop_with_snakemake
 owner = stop_with_snakemake(poll_s=0.1)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a launch
 open(sys.argv[1], "w").write(f"{owner[0] if owner else 0} {child.pid}")
@@ -75,7 +75,7 @@ def test_memopt_unlock_refuses_while_a_job_runs_in_the_folder(tmp_path):
     script.parent.mkdir()
     script.write_text("import time; time.sleep(600)\n")
     job = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
-    unlock = [sys.executable, "-m", "memopt.cli", "unlock", "--wait", "1"]
+    unlock = [sys.executable, "-m", "memopt.run.cli", "unlock", "--wait", "1"]
     env = dict(os.environ, PYTHONPATH=str(SRC))
     try:
         proc = subprocess.run(unlock, cwd=tmp_path, capture_output=True, text=True, env=env)
@@ -111,7 +111,7 @@ def test_memopt_unlock_refuses_while_a_slurm_job_of_the_folder_runs(tmp_path, mo
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert processes.slurm_jobs(study) == [("101", "rule_search_wildcards_flash")]
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    unlock = [sys.executable, "-m", "memopt.cli", "unlock", "--wait", "0"]
+    unlock = [sys.executable, "-m", "memopt.run.cli", "unlock", "--wait", "0"]
     proc = subprocess.run(unlock, cwd=study, capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "SLURM job 101: rule_search_wildcards_flash" in proc.stderr
     assert "102" not in proc.stderr and "103" not in proc.stderr

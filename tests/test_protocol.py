@@ -8,9 +8,9 @@ import statistics
 import pytest
 import torch
 
-from memopt.functions import function_of, functions, quality_spec, reference_technique
-from memopt.measure import ci95_half_width, counter_delta, enough_timed_steps, summarize
-from memopt.verdicts import exactness
+from memopt.report.verdicts import exactness
+from memopt.runtime.functions import function_of, functions, quality_spec, reference_technique
+from memopt.runtime.measure import ci95_half_width, counter_delta, enough_timed_steps, summarize
 
 MEASURE = {"target_rel_ci": 0.01, "min_timed_steps": 10, "max_timed_steps": 100}
 
@@ -58,7 +58,7 @@ def test_time_limit_stops_a_noisy_series_of_long_steps():
 
 
 def test_paper_counts_cells_stopped_at_the_time_limit():
-    from memopt.paper import stopped_at_time_limit
+    from memopt.report.paper import stopped_at_time_limit
 
     cfg = {**MEASURE, "max_timed_s": 30}
     cells = [
@@ -191,8 +191,8 @@ def test_exactness_fails_an_inexact_technique():
 def test_exactness_on_a_real_inexact_kernel(tiny_study, monkeypatch):
     """Two real CPU runs: the explicit kernel against itself agrees exactly; a kernel that drops
     the 1/sqrt(d) scale (same shapes, other arithmetic) fails the check."""
-    from memopt import attention
-    from memopt.quality import run_exactness
+    from memopt.jobs.quality import run_exactness
+    from memopt.runtime import attention
 
     cfg, data = tiny_study
     techniques = {
@@ -236,7 +236,7 @@ def test_allocator_counters_are_differenced():
 
 
 def test_cell_records_adaptive_timing_and_allocator_events(tiny_study):
-    from memopt.train import run_cell
+    from memopt.jobs.cell import run_cell
 
     cfg, data = tiny_study
     cfg = {**cfg, "techniques": {"plain": _filled(TECHNIQUES["baseline"])}}
@@ -257,7 +257,7 @@ def test_cell_records_adaptive_timing_and_allocator_events(tiny_study):
 def test_a_max_cell_at_the_same_batch_reuses_the_same_cell(tiny_study, tmp_path):
     import json
 
-    from memopt.pipeline import cell_file
+    from memopt.jobs.pipeline import cell_file
 
     cfg, _ = tiny_study
     searches = tmp_path / "search"
@@ -276,7 +276,7 @@ def test_a_max_cell_at_the_same_batch_reuses_the_same_cell(tiny_study, tmp_path)
 
 
 def test_median_interval_is_the_order_statistics_interval():
-    from memopt.steady import median_interval
+    from memopt.report.steady import median_interval
 
     assert median_interval([5.0] * 5) == (None, None)  # too few steps for 95%
     times = [float(v) for v in range(100, 0, -1)]  # order must not matter
@@ -285,7 +285,7 @@ def test_median_interval_is_the_order_statistics_interval():
 
 
 def test_instability_names_a_warming_start_and_a_wide_spread():
-    from memopt.steady import instability
+    from memopt.report.steady import instability
 
     steady = [100.0 + (i % 3) * 0.5 for i in range(60)]
     assert instability(steady) is None

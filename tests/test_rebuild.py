@@ -29,8 +29,8 @@ from smoke_workflow import (
     wait_for_job,
 )
 
-from memopt.closure import closure, module_file
-from memopt.processes import study_processes
+from memopt.run.closure import closure, module_file
+from memopt.run.processes import study_processes
 
 pytestmark = pytest.mark.slow
 
@@ -247,7 +247,7 @@ if os.environ.get("MEMOPT_TEST_TRACE"):
 
 
 def test_the_modules_real_jobs_load_are_in_their_rules_closure(smoke, tmp_path, monkeypatch):
-    """Finding 1, checked against what runs rather than against memopt.closure itself: every
+    """Finding 1, checked against what runs rather than against memopt.run.closure itself: every
     Python process of a job (its script; the warm worker, which runs only training jobs) writes
     the memopt modules it loaded when it exits (a sitecustomize.py on PYTHONPATH), and each
     must be in the closure its rule lists as inputs."""
@@ -276,7 +276,7 @@ def test_the_modules_real_jobs_load_are_in_their_rules_closure(smoke, tmp_path, 
         if "/.snakemake/scripts/" in first:
             rule = first.rsplit(".", 2)[-2]  # .snakemake/scripts/tmpXXXX.<rule>.py
             allowed = code[rule]
-        elif first.endswith("memopt/worker.py"):
+        elif first.endswith("memopt/run/worker.py"):
             rule, allowed = "worker", training
         else:
             continue  # Snakemake itself

@@ -8,7 +8,7 @@ import pytest
 from synthetic_study import QUALITY_LOSS, SEEDS, TECHNIQUES, make_cell, write_study
 
 from memopt.errors import MemoptError
-from memopt.results import aggregate, read_json, write_json
+from memopt.report.results import aggregate, read_json, write_json
 
 # ---------------------------------------------------------------- tests
 
@@ -145,7 +145,7 @@ def _spec_cell(t, prec, att, win, ck, tps, mem, entry="same"):
 
 
 def test_incremental_effects_and_changes_against_the_baseline():
-    from memopt.results import incremental_effects, relative_to_baseline
+    from memopt.report.results import incremental_effects, relative_to_baseline
 
     cells = [
         _spec_cell("baseline", "fp32", "math", None, "none", 100, 1000),
@@ -188,7 +188,7 @@ def test_incremental_effects_and_changes_against_the_baseline():
 
 
 def test_analysis_names_the_best_and_says_when_it_is_within_noise():
-    from memopt.results import analysis
+    from memopt.report.results import analysis
 
     def cell(t, mean, std, mem, tps, entry="same"):
         return {
@@ -214,7 +214,7 @@ def test_analysis_names_the_best_and_says_when_it_is_within_noise():
 
 
 def test_alias_cell_is_the_same_run_under_another_entry(tmp_path):
-    from memopt.results import alias_cell
+    from memopt.report.results import alias_cell
 
     write_json(tmp_path / "same.json", make_cell("baseline", "same", 8))
     alias_cell(tmp_path / "same.json", tmp_path / "max.json", "max")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from memopt.cli import main
+from memopt.run.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every study with a paper rendered by this code (the other folders are reports of their own).

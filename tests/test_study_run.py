@@ -1,12 +1,12 @@
 """A study's folder is its own, and a study that cannot run here stops before any work
-(memopt.study_run; the workflow side is in tests/test_workflow.py)."""
+(memopt.run.study_run; the workflow side is in tests/test_workflow.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from memopt.errors import ConfigError
-from memopt.study_run import (
+from memopt.run.study_run import (
     STAMP,
     check_device_here,
     check_folder,

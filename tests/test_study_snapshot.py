@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from memopt.config import load_config_file, validate_config
-from memopt.verdicts import exactness
+from memopt.report.verdicts import exactness
 
 ROOT = Path(__file__).resolve().parents[1]
 # The default study (config.yaml) as published, per GPU model.

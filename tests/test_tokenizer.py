@@ -1,4 +1,4 @@
-"""memopt.tokenizer on the fixture corpus: reproducible training, lossless encoding, file layout."""
+"""memopt.data.tokenizer on the fixture corpus: reproducible training, lossless encoding, file layout."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from memopt.corpus import prepare_corpus
-from memopt.errors import MemoptError
-from memopt.tokenizer import (
+from memopt.data.corpus import prepare_corpus
+from memopt.data.tokenizer import (
     MAX_LINE_CHARS,
     _training_lines,
     encode_splits,
@@ -18,6 +17,7 @@ from memopt.tokenizer import (
     token_dtype,
     train_tokenizer,
 )
+from memopt.errors import MemoptError
 
 VOCAB = 400
 

@@ -8,12 +8,12 @@ import torch
 from conftest import write_random_tokens
 
 from memopt.config import validate_config
-from memopt.data import TokenData
+from memopt.data.tokens import TokenData
 from memopt.errors import KernelUnavailable, MemoptError
-from memopt.measure import MemoryBudgetExceeded, TensorMemoryTracker
-from memopt.pipeline import resolve_batch
-from memopt.search import search_max_batch
-from memopt.train import run_cell
+from memopt.jobs.cell import run_cell
+from memopt.jobs.pipeline import resolve_batch
+from memopt.jobs.search import search_max_batch
+from memopt.runtime.measure import MemoryBudgetExceeded, TensorMemoryTracker
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_resolve_batch(tmp_path):
 
 
 def test_cell_reports_phase_memory_breakdown_and_model_flops(tokens):
-    from memopt.flops import flops_per_token
+    from memopt.runtime.flops import flops_per_token
 
     res = run_cell(study(), "baseline", "4", 4, tokens, "cpu")
     n_params = 300 * 32 + 32 * 32 + 2 * (4 * 32 * 32 + 4 * 32 + 2 * 32 * 64 + 64 + 32 + 4 * 32) + 64
@@ -154,7 +154,7 @@ def test_cell_reports_phase_memory_breakdown_and_model_flops(tokens):
 
 
 def test_flops_per_token_by_hand():
-    from memopt.flops import flops_per_token
+    from memopt.runtime.flops import flops_per_token
 
     m = {"d_model": 8, "n_layers": 2, "d_ff": 16, "seq_len": 4}
     n_matmul = 2 * (4 * 64 + 2 * 8 * 16) + 8 * 10
@@ -182,7 +182,7 @@ def simulated(fixed, per_sample, avail, overhead=0.0, curve=0.0):
 )
 @pytest.mark.parametrize("g", [1, 8])
 def test_fit_search_is_exact_and_needs_few_trials(overhead, curve, g):
-    from memopt.search import _bisect_search, _fit_search
+    from memopt.jobs.search import _bisect_search, _fit_search
 
     fit_trials, bisect_trials = [], []
     # Per-sample memory of the default study's techniques is about 100-1,500 MiB (B ~ 50-800).
@@ -212,7 +212,7 @@ def test_fit_search_looks_past_the_small_batch_floor(peak_1, peak_4, per_sample,
     above the line through the larger batches, so the two probes alone over-predict (gradcp: 223,
     then four misses). The quarter-way probe and a fit that leaves batch 1 out land on the
     boundary with at most one miss."""
-    from memopt.search import _fit_search
+    from memopt.jobs.search import _fit_search
 
     calls = []
 
@@ -228,7 +228,7 @@ def test_fit_search_looks_past_the_small_batch_floor(peak_1, peak_4, per_sample,
 
 
 def test_fit_search_stays_exact_far_from_the_fit():
-    from memopt.search import _fit_search
+    from memopt.jobs.search import _fit_search
 
     for per_sample, overhead, curve in [(3.3, 0.08, 0.0), (37.0, 0.2, 0.01), (900.0, 0.5, 0.0)]:
         test, _ = simulated(1000.0, per_sample, 80_000, overhead, curve)
@@ -238,7 +238,7 @@ def test_fit_search_stays_exact_far_from_the_fit():
 
 
 def test_fit_search_cap_and_nothing_fits():
-    from memopt.search import _fit_search
+    from memopt.jobs.search import _fit_search
 
     test, calls = simulated(100, 1, 10_000)
     assert _fit_search(test, 1, 64, 10_000)["hi"] is None and max(calls) == 64 and len(calls) <= 3
@@ -250,7 +250,7 @@ def test_fit_search_cap_and_nothing_fits():
 def test_fit_search_of_a_compiled_technique_starts_at_batch_2():
     """Batch 1 compiles a graph of its own: a compiled technique's first probe is 2. Where only
     batch 1 fits, the search still finds it."""
-    from memopt.search import _fit_search
+    from memopt.jobs.search import _fit_search
 
     test, calls = simulated(1000.0, 37.0, 80_000)
     found = _fit_search(test, 1, 100_000, 80_000, first=2)
@@ -285,7 +285,7 @@ def test_search_raises_errors_other_than_out_of_memory(tokens):
 def test_gpu_headroom_is_left_free(monkeypatch):
     """On a GPU the search may use what is free (plus its own cache) or the budget, less the
     headroom; a headroom larger than that is refused with the key and the limit."""
-    from memopt import search
+    from memopt.jobs import search
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * 2**30, 80 * 2**30))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 2 * 2**30)
@@ -304,7 +304,7 @@ def test_gpu_headroom_is_left_free(monkeypatch):
 
 
 def test_too_little_text_for_the_sequence_length_names_the_split_and_the_fix():
-    from memopt.data import Batches, eval_sequences
+    from memopt.data.tokens import Batches, eval_sequences
 
     few = np.arange(20, dtype=np.uint16)
     with pytest.raises(MemoptError, match=r"training split has 20 tokens, fewer than model\.seq"):

@@ -1,4 +1,4 @@
-"""The warm worker (memopt.worker): jobs run in one long-lived process, give what a fresh process
+"""The warm worker (memopt.run.worker): jobs run in one long-lived process, give what a fresh process
 gives, report user errors like one, never leave output behind a client that went away, and make
 way for a new worker when the code changes."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memopt import worker
+from memopt.run import worker
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -98,7 +98,9 @@ def test_changed_code_replaces_the_worker(study, monkeypatch, capsys):
 def test_a_client_that_goes_away_leaves_no_output(study, tmp_path):
     cfg, tokens = study
     cfg = {**cfg, "quality": {**cfg["quality"], "tokens": 40_000 * 50}}  # minutes on a CPU
-    code = "import json, sys; from memopt.worker import run_job; run_job(*json.loads(sys.argv[1]))"
+    code = (
+        "import json, sys; from memopt.run.worker import run_job; run_job(*json.loads(sys.argv[1]))"
+    )
     args = json.dumps([ON, "quality_file", quality_args(cfg, tokens, "long.json"), "long.log"])
     env = dict(os.environ, PYTHONPATH=str(SRC))
     client = subprocess.Popen([sys.executable, "-c", code, args], env=env, cwd=tmp_path)

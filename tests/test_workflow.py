@@ -22,7 +22,7 @@ import yaml
 from conftest import DATASET
 from smoke_workflow import PDF, ROOT, SNAKEMAKE, copy_study, planned, snakemake, workdir
 
-from memopt.paper_format import tex_engine
+from memopt.report.paper_format import tex_engine
 
 pytestmark = pytest.mark.slow
 
@@ -91,16 +91,16 @@ def test_template_edit_reruns_only_the_render(smoke):
 
 def test_paper_code_edit_does_not_retrain(smoke):
     wd = smoke[0]
-    with edited(wd / "src/memopt/paper.py"):
+    with edited(wd / "src/memopt/report/paper.py"):
         assert planned(wd) == {"render": 1, **PDF, "all": 1}
-    with edited(wd / "src/memopt/figures.py"):
+    with edited(wd / "src/memopt/report/figures.py"):
         assert planned(wd) == {"figures": 1, "render": 1, **PDF, "all": 1}
 
 
 def test_training_code_edit_retrains(smoke):
     wd = smoke[0]
     n = len(yaml.safe_load((wd / "study.yaml").read_text())["techniques"])
-    with edited(wd / "src/memopt/train.py"):
+    with edited(wd / "src/memopt/runtime/step.py"):
         jobs = planned(wd)
     # Every cell job reruns (the baseline's `max` one writes its `same` cell again).
     assert jobs["search"] == n and jobs["cell"] == 2 * n and "baseline_max" not in jobs
@@ -274,7 +274,7 @@ def test_a_study_never_touches_another_studys_outputs(smoke, mirror, tmp_path):
 
 
 def memopt(wd: Path, *args) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "memopt.cli", *args]
+    cmd = [sys.executable, "-m", "memopt.run.cli", *args]
     return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=600)
 
 

@@ -24,7 +24,7 @@ SNIPPETS = {
     "python": "pass",
     "import torch": "import torch",
     "torch + CUDA init": "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()",
-    "import memopt.pipeline": "import memopt.pipeline",
+    "import memopt.jobs.pipeline": "import memopt.jobs.pipeline",
     "import snakemake.script": "import snakemake.script",
 }
 
@@ -41,10 +41,10 @@ def in_process(batch: int, steps: int) -> dict:
     import torch
 
     from memopt.config import full_spec, load_config_file, validate_config
-    from memopt.measure import provenance
-    from memopt.optimizers import make_optimizer
-    from memopt.techniques import apply_technique
-    from memopt.train import train_step
+    from memopt.runtime.measure import provenance
+    from memopt.runtime.optimizers import make_optimizer
+    from memopt.runtime.step import train_step
+    from memopt.runtime.techniques import apply_technique
 
     out = {}
     t0 = time.perf_counter()

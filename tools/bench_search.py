@@ -35,10 +35,10 @@ def study(strategy: str) -> dict:
 def child(args) -> None:
     """In a fresh process: one search (args.strategy) or one trial at args.batch."""
     from memopt.config import technique_spec
-    from memopt.data import TokenData
+    from memopt.data.tokens import TokenData
     from memopt.fileio import write_json
-    from memopt.pipeline import _setup
-    from memopt.search import _trial, search_max_batch
+    from memopt.jobs.pipeline import _setup
+    from memopt.jobs.search import _trial, search_max_batch
 
     cfg = study(args.strategy)
     device = _setup(cfg, None)  # the allocator settings every search and cell uses

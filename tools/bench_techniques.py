@@ -3,9 +3,9 @@
     python tools/bench_techniques.py [--batch 16 64 max] [--only NAME ...] [--steps 50]
                                      [--warmup 20] [--cap 4096] [--out DIR]
 
-Every technique runs through memopt.train.run_cell (the same code as a workflow cell) on random
+Every technique runs through memopt.jobs.cell.run_cell (the same code as a workflow cell) on random
 tokens with the default study's model (config.yaml), at each batch of --batch; `max` first
-searches the technique's largest batch (memopt.search, capped at --cap) and runs the cell there.
+searches the technique's largest batch (memopt.jobs.search, capped at --cap) and runs the cell there.
 One table: batch, step time, tokens/s, model TFLOP/s, MFU, peak allocated / reserved memory and
 the kernel that ran. The table and the raw JSONs go to --out (default $OUT or ./bench). Floors
 from issue 3 and the goals of issue 12 are checked at the end.
@@ -123,10 +123,11 @@ def random_tokens(directory: Path, vocab: int, n: int = 8_000_000) -> None:
 
 def run_one(args) -> None:
     """Child process: one technique at one batch (`max`: searched first), JSON to --json."""
-    from memopt.data import TokenData
+    from memopt.data.tokens import TokenData
     from memopt.fileio import write_json
-    from memopt.search import search_max_batch
-    from memopt.train import free_memory, run_cell
+    from memopt.jobs.cell import run_cell
+    from memopt.jobs.search import search_max_batch
+    from memopt.runtime.step import free_memory
 
     cfg, data = study(args, args.one), TokenData(args.tokens)
     search = None

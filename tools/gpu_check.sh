@@ -50,7 +50,7 @@ echo "smoke exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/smoke.log"
 "${SMOKE[@]}" -n 2>&1 | tail -2 | tee -a "$OUT/smoke.log"
 grep -E "Finished jobid|^\[" "$OUT/smoke.log" | tail -4
 # The default study's device check passes where CUDA is present (it stops a CPU-only machine).
-python3 -c "from memopt.study_run import check_device_here as c; c({'device': 'cuda'}, {'search'}, ['snakemake']); print('device check: cuda present, passes')" 2>&1 | tee -a "$OUT/smoke.log"
+python3 -c "from memopt.run.study_run import check_device_here as c; c({'device': 'cuda'}, {'search'}, ['snakemake']); print('device check: cuda present, passes')" 2>&1 | tee -a "$OUT/smoke.log"
 cp "$S/results/summary.csv" "$S/paper/paper.md" "$OUT/" 2>/dev/null
 tar czf "$OUT/smoke-results.tar.gz" -C "$S" results logs paper/paper.md paper/paper.tex paper/figures data/corpus/stats.json data/tokens/meta.json 2>/dev/null
 python3 -c "import csv,sys; [print(*r.values(), sep=\" | \") for r in csv.DictReader(open(\"$S/results/summary.csv\"))]" | cut -c1-300

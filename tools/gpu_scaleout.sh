@@ -15,7 +15,7 @@ for gpus in 1 "$n"; do
   start=$SECONDS
   bash tools/gpu_study.sh start 600 || exit 1
   bash tools/gpu_study.sh wait $(( ${SCALEOUT_WAIT_S:-270} - (SECONDS - start) )) | tail -3
-  pkill -f "memopt.worker" && sleep 2  # the next run starts its own workers, as a new run would
+  pkill -f "memopt.run.worker" && sleep 2  # the next run starts its own workers, as a new run would
   echo "gpu=$gpus: $(( SECONDS - start )) s" | tee -a "$OUT/walls.txt"
   tar czf "$OUT/gpus$gpus.tar.gz" results logs .snakemake/log
   grep -q "^== piece finished" logs/study-run.log || { echo "gpu=$gpus: not finished in time"; exit 1; }

@@ -23,7 +23,7 @@
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
 # STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONE_CALL=1 runs them all in one Snakemake
 # call (no deadline: one machine for the whole study, no DAG rebuilt per target).
-# STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.lease gives each its own GPU).
+# STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU).
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -40,7 +40,7 @@ mapfile -t TARGETS < <(python3 - "$CONFIGFILE" <<'PY'
 import sys, yaml
 sys.path.insert(0, "src")
 from memopt.config import validate_config
-from memopt.functions import functions
+from memopt.runtime.functions import functions
 c = validate_config(yaml.safe_load(open(sys.argv[1])))
 default = sys.argv[1] == "config.yaml"
 print("searches", 360 if default else 20)
@@ -131,7 +131,7 @@ case ${1:-} in
     # A study killed here (kill -9, a crash) leaves Snakemake's lock: memopt unlock removes it once
     # no Snakemake run and none of its jobs runs in this folder (docs/running.md, "When a run is
     # interrupted"); it refuses, and the piece stops, while one still does.
-    python3 -m memopt.cli unlock || exit 1
+    python3 -m memopt.run.cli unlock || exit 1
     if [ -f data/study.mtimes ]; then  # the first piece's times: the data is as old as it was there
       while read -r t f; do touch -d "@$t" "$f"; done < data/study.mtimes
     else
@@ -171,7 +171,7 @@ case ${1:-} in
     nvidia-smi -L | tee "$OUT/cells/device.txt"
     for t in $(python3 -c "import yaml; print(*yaml.safe_load(open('$CONFIGFILE'))['techniques'])"); do
       MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-        python3 -m memopt.cli cell "$t" "${2:?usage: $0 cells BATCH}" --config "$CONFIGFILE" \
+        python3 -m memopt.run.cli cell "$t" "${2:?usage: $0 cells BATCH}" --config "$CONFIGFILE" \
         --out "$OUT/cells/$t/$2.json" > "$OUT/cells/$t.log" 2>&1
       tail -1 "$OUT/cells/$t.log"
     done

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-# The share of (weights, gradients, optimizer state) one of N GPUs stores (memopt.parallel).
+# The share of (weights, gradients, optimizer state) one of N GPUs stores (memopt.runtime.parallel).
 SHARE = {
     ("none", "none"): lambda n: (1, 1, 1),
     ("ddp", "none"): lambda n: (1, 1, 1),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from memopt.results import capped_techniques
+from memopt.report.results import capped_techniques
 
 
 def load(study: Path) -> dict:

@@ -1,8 +1,8 @@
 """The study config: schema validation with defaults, cross-key rules, and clear errors.
 
-The schema lives in workflow/schemas/config.schema.yaml, its technique part in memopt.knobs; the
-Snakefile and the `memopt` command both
-validate through `validate_config`, so a bad value fails the same way everywhere.
+The schema ships with the package (memopt/config.schema.yaml), its technique part in memopt.knobs;
+the Snakefile and the `memopt` command both validate through `validate_config`, so a bad value
+fails the same way everywhere, in a checkout or an installed package.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from memopt.errors import ConfigError
 from memopt.knobs import schema_properties
 from memopt.redact import redact
 
-ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
-ROOT_CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
+SCHEMA_PATH = Path(__file__).resolve().with_name("config.schema.yaml")  # package data
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
     """The config schema, its technique part (one property per knob) from memopt.knobs."""
     if not path.exists():
-        raise ConfigError(f"config schema not found at {path}; run memopt from a source checkout")
+        raise ConfigError(f"config schema not found at {path}; reinstall memopt (pip install .)")
     schema = yaml.safe_load(path.read_text())
     schema["properties"]["techniques"]["additionalProperties"]["properties"] = schema_properties()
     return schema

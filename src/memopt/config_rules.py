@@ -61,7 +61,7 @@ _GPU_ONLY = {
         "flash_attn",
     ): "the flash-attn package runs on CUDA GPUs; allowed on a CPU: math, flash, auto",
 }
-# Precisions whose activations (attention's inputs) are 16-bit: memopt.precision.AUTOCAST_DTYPES.
+# Precisions whose activations (attention's inputs) are 16-bit: memopt.runtime.precision.AUTOCAST_DTYPES.
 _SIXTEEN_BIT = ("bf16", "fp16", "fp8")
 # Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
 _CUDA_16BIT_ONLY = ("flash", "cudnn", "flash_attn")
@@ -149,7 +149,7 @@ _NOT_PARALLEL = {
 
 
 def _parallel_problems(key: str, spec: dict, cfg: dict) -> list[str]:
-    """The parallel, shard and gpus knobs (memopt.parallel)."""
+    """The parallel, shard and gpus knobs (memopt.runtime.parallel)."""
     mode, shard, gpus, problems = spec["parallel"], spec["shard"], spec["gpus"], []
     if shard not in _SHARDS[mode]:
         problems.append(

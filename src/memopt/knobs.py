@@ -24,7 +24,7 @@ class Knob:
     default: object = None
     function: bool = False  # changes the function computed (quality is measured per function)
     # Every cell's spec holds it: one of the first six knobs. A cell written before a later knob
-    # existed lacks it and ran at its default (memopt.results reads it so).
+    # existed lacks it and ran at its default (memopt.report.results reads it so).
     required: bool = False
 
     def schema(self) -> dict:

@@ -3,15 +3,19 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # memopt even without `pip install -e .`
-from memopt.closure import code_inputs
+# The rules track this checkout's src/ as their code inputs, so this process and every job import
+# memopt from it, whatever else is installed (memopt.run.closure.jobs_import_from).
+sys.path.insert(0, str(Path(workflow.basedir).resolve() / "src"))
+from memopt.run.closure import code_inputs, jobs_import_from
+
+jobs_import_from(Path(workflow.basedir) / "src")
 from memopt.config import Params, empty_overrides, validate_config
 from memopt.errors import ConfigError
-from memopt.functions import functions, quality_spec
-from memopt.paper_format import tex_engine
-from memopt.results import FIGURE_NAMES
-from memopt.stages import RULE_STAGES
-from memopt.study_run import check_device_here, check_folder, claim_folder
+from memopt.runtime.functions import functions, quality_spec
+from memopt.report.paper_format import tex_engine
+from memopt.report.results import FIGURE_NAMES
+from memopt.report.stages import RULE_STAGES
+from memopt.run.study_run import check_device_here, check_folder, claim_folder
 
 
 if not workflow.overwrite_configfiles:
@@ -54,14 +58,14 @@ BATCHES = [str(b) for b in STUDY["batch_sizes"]]
 CELLS = expand("results/cells/{technique}/{batch}.json", technique=TECHNIQUES, batch=BATCHES)
 SEARCHES = expand("results/search/{technique}.json", technique=TECHNIQUES)
 EXACTNESS = expand("results/exactness/{technique}.json", technique=TECHNIQUES)
-# Quality runs: one per distinct function (memopt.functions) and seed.
+# Quality runs: one per distinct function (memopt.runtime.functions) and seed.
 FUNCTIONS = functions(STUDY["techniques"])
 SEEDS = [STUDY["train"]["seed"] + i for i in range(STUDY["quality"]["seeds"])]
 QUALITY = expand("results/quality/{function}/{seed}.json", function=list(FUNCTIONS), seed=SEEDS)
 FIGURES = expand("paper/figures/{name}.{ext}", name=FIGURE_NAMES, ext=["pdf", "png"])
 PAPER = ["paper/paper.md", "paper/paper.tex"] + (["paper/paper.pdf"] if tex_engine() else [])
 # Wall-clock per job of each stage (Snakemake `benchmark:`), summed per stage in the paper
-# (memopt.stages.stage_times: rendering itself is not counted).
+# (memopt.report.stages.stage_times: rendering itself is not counted).
 STAGE_BENCHMARKS = (
     expand("results/benchmarks/{rule}.tsv", rule=list(RULE_STAGES))
     + expand("results/benchmarks/search/{technique}.tsv", technique=TECHNIQUES)
@@ -78,7 +82,7 @@ TECHNIQUE_ORDER = TECHNIQUES
 
 
 def code(script):
-    """A rule's code inputs: the memopt sources its script can run (memopt.closure), so editing
+    """A rule's code inputs: the memopt sources its script can run (memopt.run.closure), so editing
     one reruns exactly the rules that import it."""
     return code_inputs(ROOT / "workflow" / "scripts" / f"{script}.py")
 
@@ -89,7 +93,7 @@ def technique_spec(w):
 
 # What a training rule's result depends on besides its inputs: changing any of it reruns it.
 TRAIN_RESOURCES = {"gpu": 1} | ({"gpu_model": STUDY["gpu_model"]} if STUDY["gpu_model"] else {})
-# A search or cell of a parallel technique holds its `gpus` GPUs (memopt.parallel).
+# A search or cell of a parallel technique holds its `gpus` GPUs (memopt.runtime.parallel).
 TECHNIQUE_RESOURCES = TRAIN_RESOURCES | {
     "gpu": lambda w: STUDY["techniques"][w.technique]["gpus"]
 }

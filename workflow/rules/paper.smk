@@ -34,7 +34,7 @@ rule figures:
         code=code("figures"),
     params:
         baseline=STUDY["baseline"],
-    threads: 8  # one figure per process (memopt.figures_style.render_all)
+    threads: 8  # one figure per process (memopt.report.figures_style.render_all)
     log:
         "logs/figures.log",
     benchmark:

@@ -1,7 +1,7 @@
 # Training rules hold a GPU: --resources gpu=N runs N at once, each on a GPU it leases
-# (memopt.lease: concurrent jobs never share one). On SLURM (profiles/slurm) the executor asks for
+# (memopt.runtime.lease: concurrent jobs never share one). On SLURM (profiles/slurm) the executor asks for
 # that GPU (--gpus=1, or --gpus=<gpu_model>:1 with the config's gpu_model). A parallel technique's
-# search and cells hold its `gpus` GPUs (memopt.parallel), so gpu=N counts GPUs, not jobs.
+# search and cells hold its `gpus` GPUs (memopt.runtime.parallel), so gpu=N counts GPUs, not jobs.
 
 
 # The search job first runs the technique's exactness run (results/exactness/): one process, one
@@ -59,7 +59,7 @@ rule cell:
 
 
 # One quality run per function and seed: the function's fastest exact kernel, quality.tokens at
-# quality.batch (memopt.quality).
+# quality.batch (memopt.jobs.quality).
 rule quality:
     output:
         "results/quality/{function}/{seed}.json",

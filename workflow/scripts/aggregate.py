@@ -1,12 +1,9 @@
-# Adapter: rule aggregate -> memopt.results.aggregate
-import sys
+# Adapter: rule aggregate -> memopt.report.results.aggregate
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.results import aggregate  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
-from memopt.verdicts import aggregate_quality  # noqa: E402
+from memopt.report.results import aggregate
+from memopt.report.verdicts import aggregate_quality
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):

@@ -1,11 +1,8 @@
-# Adapter: rule corpus -> memopt.corpus.prepare_corpus
-import sys
+# Adapter: rule corpus -> memopt.data.corpus.prepare_corpus
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.corpus import prepare_corpus  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.data.corpus import prepare_corpus
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):

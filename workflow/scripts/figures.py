@@ -1,11 +1,8 @@
-# Adapter: rule figures -> memopt.figures.make_figures
-import sys
+# Adapter: rule figures -> memopt.report.figures.make_figures
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.figures import make_figures  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.report.figures import make_figures
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):

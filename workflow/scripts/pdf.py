@@ -1,11 +1,8 @@
-# Adapter: rule pdf -> memopt.paper_format.build_pdf
-import sys
+# Adapter: rule pdf -> memopt.report.paper_format.build_pdf
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.paper_format import build_pdf  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.report.paper_format import build_pdf
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):

@@ -1,11 +1,8 @@
-# Adapter: rule render -> memopt.paper.render_paper
-import sys
+# Adapter: rule render -> memopt.report.paper.render_paper
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.paper import render_paper  # noqa: E402
-from memopt.scripting import logged  # noqa: E402
+from memopt.report.paper import render_paper
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):

@@ -1,11 +1,8 @@
-# Adapter: rule search -> memopt.pipeline.search_file (in the warm worker, memopt.worker)
-import sys
+# Adapter: rule search -> memopt.jobs.pipeline.search_file (in the warm worker, memopt.run.worker)
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.config import validate_config  # noqa: E402
-from memopt.worker import run_job  # noqa: E402
+from memopt.config import validate_config
+from memopt.run.worker import run_job
 
 sm = snakemake  # noqa: F821
 study = dict(sm.params.study, techniques={sm.wildcards.technique: sm.params.spec})

@@ -1,11 +1,8 @@
-# Adapter: rule tokenizer -> memopt.tokenizer.train_tokenizer
-import sys
+# Adapter: rule tokenizer -> memopt.data.tokenizer.train_tokenizer
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.scripting import logged  # noqa: E402
-from memopt.tokenizer import train_tokenizer  # noqa: E402
+from memopt.data.tokenizer import train_tokenizer
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 with logged(sm.log[0]):

@@ -1,11 +1,8 @@
-# Adapter: rule tokens -> memopt.tokenizer.encode_splits
-import sys
+# Adapter: rule tokens -> memopt.data.tokenizer.encode_splits
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
-
-from memopt.scripting import logged  # noqa: E402
-from memopt.tokenizer import encode_splits  # noqa: E402
+from memopt.data.tokenizer import encode_splits
+from memopt.run.scripting import logged
 
 sm = snakemake  # noqa: F821
 train_bin, val_bin, meta = map(Path, sm.output)

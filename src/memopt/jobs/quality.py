@@ -1,0 +1,181 @@
+"""Quality runs and exactness runs.
+
+A quality run trains one *function* (precision and attention window: see memopt.runtime.functions) for a
+token budget at one common batch with one seed, using the fastest exact kernel for it, and
+evaluates it on validation sequences spread over the whole split. Every technique of that function
+shares its quality numbers; the exactness run is the evidence that it may: each technique trains
+`exactness.steps` steps from the same initialization on the same batches as its function's
+reference, and the loss trajectories are compared (memopt.report.results.exactness).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from functools import partial
+
+import torch
+from tqdm import tqdm
+
+from memopt.config import technique_spec
+from memopt.data.tokens import TokenData, eval_sequences
+from memopt.jobs.outcome import guarded, stamp
+from memopt.runtime import parallel
+from memopt.runtime.attention import math_attention
+from memopt.runtime.divergence import Diverged, LossWatch
+from memopt.runtime.functions import function_of, quality_spec
+from memopt.runtime.measure import device_name
+from memopt.runtime.model import SelfAttention
+from memopt.runtime.precision import set_precision_flags
+from memopt.runtime.step import free_memory, limit_gpu_memory, prepare, train_step
+from memopt.runtime.techniques import eval_model
+
+
+@contextlib.contextmanager
+def _explicit_fp32(model: torch.nn.Module):
+    """Evaluate every function the same way: FP32, TF32 off, the explicit kernel (window kept)."""
+    attn = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    saved = [m.attend for m in attn]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    set_precision_flags("fp32")
+    try:
+        for m in attn:
+            m.attend = math_attention
+        yield
+    finally:
+        for m, f in zip(attn, saved):
+            m.attend = f
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, sequences: torch.Tensor, batch_size: int, device: str
+) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    with _explicit_fp32(model):
+        for chunk in sequences.split(batch_size):
+            chunk = chunk.to(device)
+            loss = model(chunk[:, :-1], chunk[:, 1:])
+            total += loss.item() * chunk.size(0)
+            count += chunk.size(0)
+    model.train()
+    return total / count
+
+
+def quality_budget(cfg: dict, data: TokenData) -> dict:
+    """Tokens, batch and steps of every quality run: `quality.tokens` (null: one epoch of the
+    training split) rounded up to whole steps of `quality.batch` sequences."""
+    q, seq_len = cfg["quality"], cfg["model"]["seq_len"]
+    tokens = q["tokens"] if q["tokens"] is not None else len(data.train)
+    tokens_per_step = q["batch"] * seq_len
+    return {
+        "batch_size": q["batch"],
+        "tokens_per_step": tokens_per_step,
+        "steps": max(1, math.ceil(tokens / tokens_per_step)),
+    }
+
+
+# A quality run reads its losses every this many steps (a wait for the device): one that diverges
+# stops within them.
+CHECK_EVERY = 20
+
+
+def _losses(applied, opt, batches, steps: int, cfg: dict, device: str, label: str, watch=None):
+    """Train `steps` steps; per-step training losses and the seconds they took (synchronized).
+    With `watch` (a LossWatch), a non-finite loss raises Diverged within CHECK_EVERY steps. The
+    progress bar counts launched steps (the GPU may be a few behind)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    losses = []
+    for step in tqdm(range(steps), desc=label, unit=" step", mininterval=2.0):
+        x, y = batches.next()
+        losses.append(train_step(applied, opt, x, y, step, cfg["train"]))
+        if watch is not None and (step + 1) % CHECK_EVERY == 0:
+            watch.check(losses)
+    if watch is not None:
+        watch.check(losses)
+    # Synchronizes; under several GPUs the global batch's loss (memopt.runtime.parallel).
+    curve = parallel.mean_over_ranks(torch.stack(losses).float()).tolist()
+    return curve, time.perf_counter() - t0
+
+
+def _common(cfg: dict, spec: dict, device: str) -> dict:
+    return {
+        "spec": spec,
+        "function": function_of(spec),
+        "device": device,
+        "device_name": device_name(device),
+        "seq_len": cfg["model"]["seq_len"],
+    }
+
+
+def run_quality(cfg: dict, function: str, seed: int, data: TokenData, device: str) -> dict:
+    """One quality run of `function` with `seed`; out of memory is a result (status `oom`), and
+    so is a non-finite training loss (status `diverged`, memopt.runtime.divergence)."""
+    spec = quality_spec(cfg["techniques"], function)
+    budget = quality_budget(cfg, data)
+    limit_gpu_memory(cfg, device)
+    result = {"function": function, "seed": seed, **_common(cfg, spec, device), **budget}
+    wall0 = time.perf_counter()
+    work = partial(_quality_run, cfg, spec, function, seed, data, device, budget)
+    result.update(guarded(work, device, budget["batch_size"], ("val_loss", "val_ppl"),
+                          oom_prefix=f"quality.batch {budget['batch_size']} does not fit: "))  # fmt: skip
+    result["wall_s"] = time.perf_counter() - wall0
+    return stamp(result, cfg, spec, device, ("model", "train", "quality"))
+
+
+def _quality_run(cfg, spec, function, seed, data: TokenData, device: str, budget: dict) -> dict:
+    applied, opt, batches = prepare(cfg, spec, data, budget["batch_size"], device, seed)
+    label = f"[quality {function} seed {seed}]"
+    curve, train_s = _losses(
+        applied, opt, batches, budget["steps"], cfg, device, label, LossWatch()
+    )
+    del opt
+    t0 = time.perf_counter()
+    seqs = eval_sequences(data.val, cfg["model"]["seq_len"], cfg["train"]["eval_sequences"])
+    val_loss = evaluate(eval_model(applied), seqs, cfg["train"]["eval_batch_size"], device)
+    if not math.isfinite(val_loss):  # the last update broke the weights
+        raise Diverged(
+            budget["steps"] + 1, val_loss, curve, "validation loss after the last update"
+        )
+    return {
+        "status": "ok",
+        "kernel": applied.kernel,
+        "precision_flags": applied.record,
+        "tokens": budget["steps"] * budget["tokens_per_step"],
+        "loss_curve": curve,
+        "train_s": train_s,
+        "eval_s": time.perf_counter() - t0,
+        "eval_sequences": len(seqs),
+        "val_loss": val_loss,
+        "val_ppl": math.exp(min(val_loss, 50.0)),
+        "error": None,
+    }
+
+
+def run_exactness(cfg: dict, technique: str, data: TokenData, device: str) -> dict:
+    """`exactness.steps` training steps of `technique` at `exactness.batch` from train.seed: the
+    loss trajectory its function's reference must match."""
+    spec = technique_spec(cfg, technique)
+    e = cfg["exactness"]
+    limit_gpu_memory(cfg, device)
+    applied, opt, batches = prepare(cfg, spec, data, e["batch"], device, cfg["train"]["seed"])
+    curve, seconds = _losses(
+        applied, opt, batches, e["steps"], cfg, device, f"[exactness {technique}]"
+    )
+    del applied, opt
+    free_memory(device)
+    result = {
+        "technique": technique,
+        **_common(cfg, spec, device),
+        "batch_size": e["batch"],
+        "steps": e["steps"],
+        # JSON has no NaN: a non-finite loss is null, and the check counts it as a mismatch.
+        "losses": [loss if math.isfinite(loss) else None for loss in curve],
+        "seconds": seconds,
+    }
+    return stamp(result, cfg, spec, device, ("model", "train", "exactness"))

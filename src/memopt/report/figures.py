@@ -1,0 +1,352 @@
+"""Paper figures from summary.csv, the search trials and the quality runs.
+
+Every name in FIGURE_NAMES is always written (as .pdf and .png), so the workflow's declared
+outputs exist even for a study where every cell is oom: an empty figure says so in its plot.
+
+Uses matplotlib's object API (Figure, no pyplot) so nothing depends on a display or global state.
+An oom cell is drawn as a hatched "OOM" column, never as a zero bar: zero would read as "free".
+Shared style and marks: figures_style; figures against the batch size: figures_batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import StrMethodFormatter
+
+from memopt.report.figures_batch import (
+    _memory_batch_figure,
+    _speed_batch_figure,
+    _windows_figure,
+)
+from memopt.report.figures_quality import _loss_figure
+from memopt.report.figures_style import (
+    _entry_label,
+    _legend_below,
+    _main_entry,
+    _mark_unmeasured,
+    _ok,
+    _oom_hband,
+    _placeholder,
+    _short,
+    _unmeasured,
+    _unmeasured_handles,
+    _unmeasured_note,
+    entry_hatches,
+    function_colors,
+    place_labels,
+    render_all,
+    technique_colors,
+)
+from memopt.report.paper_mechanisms import peak_parts
+from memopt.report.results import (
+    FIGURE_NAMES,
+    capped_techniques,
+    entry_sort_key,
+    pareto,
+    read_json,
+    read_summary,
+)
+
+
+def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
+    """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column."""
+    techniques = list(dict.fromkeys(summary["technique"]))
+    entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
+    colors, hatches = technique_colors(summary), entry_hatches(entries)
+    width = 0.8 / len(entries)
+    fig = Figure(figsize=(max(6.0, 1.1 * len(techniques) * max(1, len(entries) / 2)), 3.6))
+    ax = fig.subplots()
+    ymax = summary.loc[summary["status"] == "ok", column].max()
+    ymax = 1.0 if ymax != ymax else float(ymax)  # NaN when every cell is oom
+    for j, entry in enumerate(entries):
+        for i, technique in enumerate(techniques):
+            rows = summary[(summary["technique"] == technique) & (summary["batch_entry"] == entry)]
+            if rows.empty:
+                continue
+            row = rows.iloc[0]
+            x = i + (j - (len(entries) - 1) / 2) * width
+            batch = "" if row["batch_size"] != row["batch_size"] else f"b={int(row['batch_size'])}"
+            if row["status"] != "ok":
+                label = f"{_unmeasured(row['status'])} {batch}".strip()
+                _mark_unmeasured(ax, x, width, label, colors[technique])
+                continue
+            value = float(row[column])
+            ax.bar(
+                x, value, width, color=colors[technique], hatch=hatches[entry], edgecolor="white"
+            )
+            ax.text(
+                x,
+                value + 0.01 * ymax,
+                f"{_short(value)}\n{batch}",
+                ha="center",
+                va="bottom",
+                fontsize=6.5,
+            )
+    handles = [
+        Patch(facecolor="grey", hatch=hatches[e], edgecolor="white", label=_entry_label(e))
+        for e in entries
+    ]
+    handles += _unmeasured_handles(summary)
+    _legend_below(ax, handles)
+    ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(techniques) - 0.4)
+    ax.set_ylim(0, ymax * 1.18)
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return fig
+
+
+def label_groups(points, cells, near=0.04):
+    """One label per group of nearby points, so close cells do not print over each other.
+
+    points: (x, y); cells: (technique, entry or None), one per point. Points join a group when
+    they lie within `near` of the data's span of some member on both axes. A group's label has one
+    line per technique, highest point first, its entries together ("baseline (same, max)"), and
+    is anchored at the group's rightmost x and highest y. Returns [((x, y), label)].
+    """
+    if not points:
+        return []
+    xs, ys = zip(*points)
+    span_x, span_y = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    groups: list[list[int]] = []
+    for i in sorted(range(len(points)), key=lambda i: -points[i][1]):
+        close = [
+            g
+            for g in groups
+            if any(
+                abs(points[i][0] - points[j][0]) <= near * span_x
+                and abs(points[i][1] - points[j][1]) <= near * span_y
+                for j in g
+            )
+        ]
+        for g in close[1:]:  # a point that links groups merges them
+            close[0].extend(g)
+            groups.remove(g)
+        close[0].append(i) if close else groups.append([i])
+    labelled = []
+    for g in groups:
+        entries: dict[str, list[str]] = {}
+        for i in sorted(g, key=lambda i: -points[i][1]):
+            technique, entry = cells[i]
+            entries.setdefault(technique, [])
+            if entry is not None:
+                entries[technique].append(entry)
+        lines = [t + (f" ({', '.join(e)})" if e else "") for t, e in entries.items()]
+        anchor = (max(points[i][0] for i in g), max(points[i][1] for i in g))
+        labelled.append((anchor, "\n".join(lines)))
+    return labelled
+
+
+def _tradeoff_figure(summary) -> Figure:
+    """Peak memory against throughput for every ok cell, Pareto frontier as a step line."""
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.subplots()
+    ok = _ok(summary).dropna(subset=["peak_allocated_mib", "tokens_per_s"])
+    if ok.empty:
+        _placeholder(ax, "no cell fitted in memory")
+        ax.set_title("Memory vs throughput")
+        return fig
+    one_entry = summary["batch_entry"].nunique() == 1
+    # Memory in whole MiB, as the tables print it (memopt.report.results.analysis does the same).
+    points = list(zip(ok["peak_allocated_mib"].round(), ok["tokens_per_s"].astype(float)))
+    front = pareto(points)
+    on_front = set(front)
+    fx, fy = zip(*front)
+    # Staircase: between two frontier points the best reachable speed is the cheaper one's.
+    ax.step(fx, fy, where="post", color="grey", linewidth=1.0, zorder=1)
+    colors = technique_colors(summary)
+    for (x, y), technique in zip(points, ok["technique"]):
+        best = (x, y) in on_front
+        ax.scatter(
+            x,
+            y,
+            s=46 if best else 22,
+            zorder=2,
+            color=colors[technique],
+            edgecolor="black" if best else "none",
+        )
+    cells = [(r["technique"], None if one_entry else r["batch_entry"]) for _, r in ok.iterrows()]
+    _unmeasured_note(ax, summary)
+    ax.legend(
+        handles=[Patch(facecolor="white", edgecolor="black", label="Pareto-optimal (outlined)")],
+        loc="upper left",  # up-left beats the frontier, so that corner is empty
+        frameon=False,
+    )
+    ax.margins(x=0.2, y=0.15)
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_xlabel("peak allocated memory (MiB)")
+    ax.set_ylabel("throughput (tokens/s)")
+    ax.set_title("Memory vs throughput (up and left is better)")
+    place_labels(ax, label_groups(points, cells))  # last: it measures the labels in the final axes
+    return fig
+
+
+def _memory_saved_figure(summary, baseline: str) -> Figure:
+    """Peak memory saved against the baseline at the `same` batch, one horizontal bar each."""
+    entry = _main_entry(summary)
+    rows = summary[summary["batch_entry"] == entry]
+    others = rows[rows["technique"] != baseline]
+    fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(others))))
+    ax = fig.subplots()
+    ax.set_title(f"Peak memory saved vs {baseline}, {_entry_label(entry)}")
+    base = rows[(rows["technique"] == baseline) & (rows["status"] == "ok")]
+    if base.empty or others.empty or base["peak_allocated_mib"].isna().all():
+        _placeholder(ax, f"no ok '{baseline}' cell at this batch to compare with")
+        return fig
+    base_peak = float(base["peak_allocated_mib"].iloc[0])
+    colors = technique_colors(summary)
+    for i, row in enumerate(others.itertuples()):
+        if row.status != "ok" or row.peak_allocated_mib != row.peak_allocated_mib:
+            _oom_hband(ax, i, 0.7, _unmeasured(row.status))
+            continue
+        saved = 100 * (1 - row.peak_allocated_mib / base_peak)
+        ax.barh(i, saved, 0.7, color=colors[row.technique])
+        ax.text(
+            saved,
+            i,
+            f" {saved:.1f}% ",
+            va="center",
+            ha="left" if saved >= 0 else "right",
+            fontsize=7,
+        )
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(others)), others["technique"])
+    ax.set_ylim(len(others) - 0.5, -0.5)  # config order top to bottom
+    ax.set_xlim(min(0, ax.get_xlim()[0]) - 10, max(100, ax.get_xlim()[1]) + 5)
+    ax.set_xlabel(f"peak allocated memory saved (%, {baseline} = {base_peak:,.0f} MiB)")
+    return fig
+
+
+# The parts of the peak (memopt.report.paper_mechanisms): what exists when the peak is reached. The
+# gradients are not among them: at the peak, early in the backward pass, they do not exist yet.
+PEAK_PARTS = [
+    ("weights", "weights", "#4C72B0"),
+    ("optimizer", "optimizer state", "#55A868"),
+    ("activations", "activations kept (logits aside)", "#8172B3"),
+    ("logits", "logits kept", "#CCB974"),
+    ("working", "backward working memory (logits' gradient)", "#C44E52"),
+]
+
+
+def _phases_figure(summary) -> Figure:
+    """The peak at the `same` batch split into its parts, stacked: they add up to the peak."""
+    entry = _main_entry(summary)
+    rows = summary[summary["batch_entry"] == entry]
+    techniques = list(rows["technique"])
+    fig = Figure(figsize=(max(6.0, 0.8 * len(techniques)), 3.8))
+    ax = fig.subplots()
+    for i, row in enumerate(rows.itertuples()):
+        parts = peak_parts(row._asdict()) if row.status == "ok" else {}
+        if not parts:  # oom or diverged, or no breakdown measured
+            _mark_unmeasured(ax, i, 0.7, _unmeasured(row.status), "#B00020")
+            continue
+        bottom = 0.0
+        for key, _, color in PEAK_PARTS:
+            ax.bar(i, parts[key] or 0.0, 0.7, bottom=bottom, color=color)
+            bottom += parts[key] or 0.0
+        ax.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=7.5)
+    _legend_below(ax, [Patch(color=c, label=label) for _, label, c in PEAK_PARTS], ncol=3)
+    ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(techniques) - 0.4)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_ylabel("peak allocated memory (MiB)")
+    ax.set_title(f"What the peak is made of, {_entry_label(entry)}")
+    return fig
+
+
+def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
+    """Each technique's `max` batch; one whose full run then ran out of memory (or diverged) is
+    hatched; one whose search stopped at its cap (`capped`) is labelled as a lower bound."""
+    rows = summary[summary["batch_entry"] == "max"]
+    fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(rows))))
+    ax = fig.subplots()
+    ax.set_title("Largest batch that fits, per technique")
+    if rows.empty:
+        _placeholder(ax, "no max entries in this study")
+        return fig
+    for i, row in enumerate(rows.itertuples()):
+        if row.batch_size != row.batch_size:  # no batch found at all
+            _oom_hband(ax, i, 0.7)
+            continue
+        batch = int(row.batch_size)
+        if row.status == "ok":
+            ax.barh(i, batch, 0.7, color=technique_colors(summary)[row.technique])
+            bound = f" ≥{batch} (the search's cap)" if row.technique in capped else f" {batch}"
+            ax.text(batch, i, bound, va="center", fontsize=7)
+        else:  # the search's batch, which then failed the full run: outline, never a solid bar
+            ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
+            label = f" {batch} ({_unmeasured(row.status)} in full run)"
+            ax.text(batch, i, label, va="center", fontsize=7, color="#B00020")
+    ax.set_yticks(range(len(rows)), rows["technique"])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    batches = rows["batch_size"].dropna()
+    if not batches.empty and batches.max() > 10 * max(batches.min(), 1):  # spans decades
+        ax.set_xscale("log")
+        ax.set_xlim(max(batches.min(), 1) / 2, batches.max() * 3)
+        ax.set_xlabel("batch size (sequences, log scale)")
+    else:
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
+        ax.set_xlabel("batch size (sequences)")
+    return fig
+
+
+def make_figures(
+    summary_csv: Path,
+    out_dir: Path,
+    *,
+    search_paths: list[Path] = (),
+    quality_paths: list[Path] = (),
+    baseline: str = "baseline",
+    processes: int = 1,
+) -> list[Path]:
+    """Write every figure in FIGURE_NAMES as .pdf and .png into out_dir; return the paths.
+    `processes` > 1 renders them in that many forked processes (memopt.report.figures_style.render_all).
+
+    search_paths give memory_batch its trials and fits; quality_paths the quality runs (loss
+    against tokens; each technique's validation perplexity is its function's mean over seeds);
+    baseline names the technique that memory_saved compares against.
+    """
+    summary = read_summary(summary_csv)
+    searches = [read_json(Path(p)) for p in search_paths]
+    runs = [read_json(Path(p)) for p in quality_paths]
+    ppl: dict[str, list[float]] = {}
+    diverged = {run["function"] for run in runs if run["status"] == "diverged"}
+    for run in runs:
+        if run["status"] == "ok" and run["function"] not in diverged:  # no flattering mean
+            ppl.setdefault(run["function"], []).append(run["val_ppl"])
+    summary["val_ppl"] = (
+        summary["function"].map({f: sum(v) / len(v) for f, v in ppl.items()}).astype(float)
+    )
+    summary["val_ppl_lo"] = summary["function"].map({f: min(v) for f, v in ppl.items()})
+    summary["val_ppl_hi"] = summary["function"].map({f: max(v) for f, v in ppl.items()})
+    summary["quality_status"] = summary["function"].map(
+        lambda f: "diverged" if f in diverged else "ok"
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    builders = {
+        "memory": lambda: _bar_figure(
+            summary,
+            "peak_allocated_mib",
+            "peak allocated memory (MiB)",
+            "Peak allocated memory per step (incl. optimizer)",
+        ),
+        "throughput": lambda: _bar_figure(
+            summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
+        ),
+        "loss": lambda: _loss_figure(runs, function_colors(summary)),
+        "tradeoff": lambda: _tradeoff_figure(summary),
+        "memory_saved": lambda: _memory_saved_figure(summary, baseline),
+        "phases": lambda: _phases_figure(summary),
+        "max_batch": lambda: _max_batch_figure(summary, capped_techniques(searches)),
+        "memory_batch": lambda: _memory_batch_figure(summary, searches),
+        "speed_batch": lambda: _speed_batch_figure(summary),
+        "windows": lambda: _windows_figure(summary),
+    }
+    return render_all({name: builders[name] for name in FIGURE_NAMES}, out_dir, processes)

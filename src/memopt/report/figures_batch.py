@@ -1,0 +1,215 @@
+"""Figures against the batch size (memory and speed per technique, search trials and fits) and
+the window comparison."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import StrMethodFormatter
+
+from memopt.report.figures_style import (
+    _entry_label,
+    _main_entry,
+    _mark_unmeasured,
+    _ok,
+    _placeholder,
+    _short,
+    _unmeasured,
+    _unmeasured_note,
+    log_if_decades,
+    technique_colors,
+)
+
+
+def _cell_lines(ax, summary, column: str, colors: dict) -> dict:
+    """One line per technique through its trained cells: `column` against batch size.
+    Techniques whose cells coincide (within 0.5%) share one line, in the first one's colour,
+    labelled with all their names: a line drawn over another would hide it. Returns each
+    technique's colour as drawn (the shared line's), for what the figure draws of it beside."""
+    lines: dict[tuple, list[str]] = {}
+    points = {}
+    for technique in dict.fromkeys(summary["technique"]):
+        ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
+        if ok.empty:
+            continue
+        xs, ys = list(ok["batch_size"]), list(ok[column])
+        key = next(
+            (
+                k
+                for k in lines
+                if len(k) == len(xs)
+                and all(bx == x and abs(by - y) <= 0.005 * abs(by) for (bx, by), x, y
+                        in zip(k, xs, ys))
+            ),
+            tuple(zip(xs, ys)),
+        )  # fmt: skip
+        lines.setdefault(key, []).append(technique)
+        points[key] = (xs, ys)
+    drawn = {}
+    for key, names in lines.items():
+        xs, ys = points[key]
+        label = " = ".join(names) if len(names) < 4 else f"{names[0]} (= {len(names) - 1} more)"
+        ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, color=colors[names[0]],
+                label=label)  # fmt: skip
+        drawn.update({name: colors[names[0]] for name in names})
+    return drawn
+
+
+def _batch_axes(ax, ylabel: str, handles: list) -> None:
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel(ylabel)
+
+
+def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
+    """Peak memory against batch: every search trial (x = out of memory), the search's linear fit,
+    the trained cells, and the memory budget the search had."""
+    colors = technique_colors(summary, [s["technique"] for s in searches])
+    fig = Figure(figsize=(6.4, 3.8))
+    ax = fig.subplots()
+    ax.set_title("Peak allocated memory vs batch size")
+    budgets = {s["budget_mib"] for s in searches if s.get("budget_mib")}
+    budget = min(budgets) if budgets else None
+    drawn = _cell_lines(ax, summary, "peak_allocated_mib", colors)
+    for s in searches:  # in the colour of the technique's line (a shared line's colour)
+        color = drawn.get(s["technique"], colors[s["technique"]])
+        fits = [t for t in s["trials"] if t["fits"] and t.get("peak_mib") is not None]
+        misses = [t["batch"] for t in s["trials"] if not t["fits"]]
+        ax.scatter(
+            [t["batch"] for t in fits],
+            [t["peak_mib"] for t in fits],
+            s=12,
+            color=color,
+            facecolor="none",
+            linewidth=0.8,
+        )
+        if misses and budget:
+            ax.scatter(misses, [budget] * len(misses), s=18, marker="x", color=color)
+        fit = s.get("fit")
+        if fit and fit.get("per_sample_mib") is not None:
+            top = max([t["batch"] for t in s["trials"]] + [1])
+            ax.plot(
+                [0, top],
+                [fit["fixed_mib"], fit["fixed_mib"] + fit["per_sample_mib"] * top],
+                linestyle=":",
+                linewidth=0.8,
+                color=color,
+            )
+    if budget:
+        ax.axhline(budget, color="#B00020", linewidth=0.8, linestyle="--")
+        ax.text(
+            0.01,
+            budget,
+            f" memory budget {budget:,.0f} MiB",
+            transform=ax.get_yaxis_transform(),
+            va="bottom",
+            fontsize=7,
+            color="#B00020",
+        )
+    if not ax.lines and not ax.collections:
+        _placeholder(ax, "no measured memory")
+        return fig
+    _unmeasured_note(ax, summary)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [
+        Line2D(
+            [],
+            [],
+            marker="o",
+            linestyle="none",
+            markerfacecolor="none",
+            color="grey",
+            label="search trial (fits)",
+        ),
+        Line2D([], [], marker="x", linestyle="none", color="grey", label="search trial (OOM)"),
+        Line2D([], [], linestyle=":", color="grey", label="search fit"),
+    ]
+    _batch_axes(ax, "peak allocated memory (MiB)", handles)
+    return fig
+
+
+def _speed_batch_figure(summary) -> Figure:
+    """Throughput against batch size, one line per technique through its trained cells."""
+    colors = technique_colors(summary)
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
+    ax.set_title("Training throughput vs batch size")
+    _cell_lines(ax, summary, "tokens_per_s", colors)
+    if not ax.lines:
+        _placeholder(ax, "no cell fitted in memory")
+        return fig
+    _unmeasured_note(ax, summary)
+    _batch_axes(ax, "throughput (tokens/s)", ax.get_legend_handles_labels()[0])
+    log_if_decades(ax, _ok(summary)["tokens_per_s"])
+    return fig
+
+
+def window_group(summary) -> list:
+    """The windowed techniques and their full-attention counterparts (same precision,
+    checkpointing, compilation, optimizer, loss and offloading), at the main entry, ordered by
+    window (full last)."""
+    rows = summary[summary["batch_entry"] == _main_entry(summary)]
+    windowed = rows[rows["window"].notna()]
+    same_knobs = [
+        k for k in ("precision", "checkpointing", "compile", "optimizer", "loss", "offload")
+        if k in rows.columns
+    ]  # fmt: skip
+    keys = {tuple(r) for r in windowed[same_knobs].astype(str).itertuples(index=False)}
+    full = rows[rows["window"].isna()]
+    full = full[[tuple(r) in keys for r in full[same_knobs].astype(str).itertuples(index=False)]]
+    if windowed.empty:
+        return []
+    return list(windowed.sort_values("window").itertuples()) + list(full.itertuples())
+
+
+def _windows_figure(summary) -> Figure:
+    """Sliding windows against full attention: throughput, peak memory and validation perplexity."""
+    group = window_group(summary)
+    panels = [
+        ("tokens_per_s", "tokens/s"),
+        ("peak_allocated_mib", "peak allocated (MiB)"),
+        ("val_ppl", "val. perplexity (its function)"),
+    ]
+    fig = Figure(figsize=(7.2, 3.0))
+    axes = fig.subplots(1, len(panels))
+    fig.suptitle(f"Attention window, {_entry_label(_main_entry(summary))}")
+    if not group:
+        _placeholder(axes[0], "no windowed technique in this study")
+        for ax in axes[1:]:
+            ax.set_axis_off()
+        return fig
+    labels = [
+        f"{r.technique}\n{'W=' + str(int(r.window)) if r.window == r.window else 'full'}"
+        f" ({r.kernel if isinstance(r.kernel, str) else r.attention})"
+        for r in group
+    ]
+    colors = technique_colors(summary)
+    for ax, (column, title) in zip(axes, panels):
+        for i, row in enumerate(group):
+            value = getattr(row, column)
+            # The perplexity is the function's (quality runs), not the cell's.
+            status = row.quality_status if column == "val_ppl" else row.status
+            if status != "ok" or value != value:
+                _mark_unmeasured(ax, i, 0.7, _unmeasured(status), "#B00020")
+                continue
+            if column == "val_ppl":  # a zoomed axis: bars from zero would hide the differences
+                lo, hi = getattr(row, "val_ppl_lo", value), getattr(row, "val_ppl_hi", value)
+                ax.errorbar(i, value, yerr=[[value - lo], [hi - value]], fmt="o", capsize=3,
+                            color=colors[row.technique])  # fmt: skip
+                ax.text(i, value, f" {value:,.1f}", ha="left", va="center", fontsize=6.5)
+                continue
+            ax.bar(i, value, 0.7, color=colors[row.technique])
+            ax.text(i, value, _short(value), ha="center", va="bottom", fontsize=6.5)
+        ax.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=6.5)
+        ax.set_xlim(-0.6, len(group) - 0.4)
+        ax.set_title(title, fontsize=8)
+        # the perplexity axis is zoomed to a few units: whole numbers would repeat on its ticks
+        ax.yaxis.set_major_formatter(
+            StrMethodFormatter("{x:,.1f}" if column == "val_ppl" else "{x:,.0f}")
+        )
+    axes[-1].set_title("val. perplexity (its function;\nbars: the seeds' range)", fontsize=8)
+    fig.tight_layout()
+    return fig

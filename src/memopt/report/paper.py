@@ -1,0 +1,389 @@
+"""Render the paper (Markdown and LaTeX) from the study's results with Jinja2 templates.
+
+All numbers reach the templates through one context dict built here; templates only format them
+(filters, environment and the PDF build: memopt.report.paper_format).
+StrictUndefined makes a misspelt or missing value a render error instead of an empty string, so a
+paper can never silently lack a number.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import jinja2
+
+from memopt.errors import MemoptError
+from memopt.report.paper_analysis import (
+    add_hfu,
+    add_tf32_speedups,
+    findings,
+    recommendations,
+    tf32_reference,
+)
+from memopt.report.paper_format import config_yaml, make_environment
+from memopt.report.paper_gpus import gpus_used
+from memopt.report.paper_mechanisms import mechanisms
+from memopt.report.paper_prose import render_prose
+from memopt.report.paper_reference import reference_comparison
+from memopt.report.results import (
+    FIGURE_NAMES,
+    INT_COLUMNS,
+    analysis,
+    capped_techniques,
+    incremental_effects,
+    parallel_label,
+    read_json,
+    read_summary,
+    relative_to_baseline,
+    write_text,
+)
+from memopt.report.stages import stage_times
+from memopt.report.verdicts import exactness, measurement_share, quality_table, throughput_optimal
+
+PROVENANCE_KEYS = (
+    "git_commit",
+    "config_hash",
+    "torch",
+    "python",
+    "cuda",
+    "cudnn",
+    "gpu",
+    "driver",
+    "flash_attn",
+    "memopt",
+)
+
+
+# ---------------------------------------------------------------- filters
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def param_count(model_cfg: dict, vocab_size: int) -> int:
+    """Trainable parameters of the decoder: tied token embedding + learned positions, per block
+    QKV and output projections with biases, a 2-layer MLP with biases, two LayerNorms, and a
+    final LayerNorm. The LM head shares the token embedding, so it adds nothing."""
+    d, d_ff = model_cfg["d_model"], model_cfg["d_ff"]
+    embeddings = vocab_size * d + model_cfg["seq_len"] * d
+    attention = (3 * d * d + 3 * d) + (d * d + d)
+    mlp = (d * d_ff + d_ff) + (d_ff * d + d)
+    layer_norms = 2 * (2 * d)
+    return embeddings + model_cfg["n_layers"] * (attention + mlp + layer_norms) + 2 * d
+
+
+def flops_summary(model_cfg: dict, vocab_size: int, cells: list[dict]) -> dict:
+    """What the paper states about model FLOPs: the matmul weights N_matmul of the formula in
+    memopt.runtime.flops.flops_per_token, the FLOPs per token a full-attention cell was credited with,
+    and the peak the cells' MFU divides by (both recovered from the cells' own numbers)."""
+    d, L, f = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff"))
+    ok = [c for c in cells if c["status"] == "ok" and c.get("model_tflops") and c["tokens_per_s"]]
+    full = [c for c in ok if c["window"] is None]
+    with_mfu = [c for c in ok if c.get("mfu")]
+    return {
+        "n_matmul": L * (4 * d * d + 2 * d * f) + d * vocab_size,
+        "per_token": full[0]["model_tflops"] * 1e12 / full[0]["tokens_per_s"] if full else None,
+        "peak_tflops": with_mfu[0]["model_tflops"] / with_mfu[0]["mfu"] if with_mfu else None,
+    }
+
+
+def _clean(value):
+    """NaN -> None and numpy scalars -> Python, so templates can test `is none`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _cells(summary_csv: Path) -> list[dict]:
+    rows = read_summary(summary_csv).to_dict(orient="records")
+    cells = []
+    for row in rows:
+        cell = {key: _clean(value) for key, value in row.items()}
+        for key in INT_COLUMNS:
+            if cell.get(key) is not None:
+                cell[key] = int(cell[key])
+        cells.append(cell)
+    return cells
+
+
+def _search(path: Path) -> dict:
+    search = read_json(path)
+    for key in ("technique", "status", "max_batch", "cap", "trials"):
+        if key not in search:
+            raise MemoptError(f"{path}: search JSON lacks required key '{key}'")
+    failed = [t["batch"] for t in search["trials"] if not t["fits"]]
+    fit = search.get("fit") or {}
+    return {
+        **search,
+        "n_trials": len(search["trials"]),
+        "first_failing_batch": min(failed) if failed else None,
+        "fixed_mib": fit.get("fixed_mib"),
+        "per_sample_mib": fit.get("per_sample_mib"),
+        "predicted_batch": search.get("predicted_batch"),
+        "prediction_error": search.get("prediction_error"),
+    }
+
+
+def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> list[dict]:
+    """The runs whose timing stopped at measure.max_timed_s, short of the step cap and of the
+    interval target (so their interval is wider than the target); a `max` entry measured as its
+    `same` run is that run, counted once."""
+    limit_s = measure_cfg.get("max_timed_s")
+    if limit_s is None:
+        return []
+    return [
+        c
+        for c in cells
+        if not c.get("measured_as")
+        and c.get("timed_s") is not None
+        and c["timed_s"] >= limit_s
+        and c["timed_steps"] < measure_cfg["max_timed_steps"]
+        and (c.get("step_time_ms_rel_ci95") or 0) > measure_cfg["target_rel_ci"]
+    ]
+
+
+def _provenance(cells: list[dict]) -> dict:
+    """Distinct provenance values over all cells (one commit expected; hashes may differ)."""
+    return {
+        key: sorted(
+            {str(c[f"provenance_{key}"]) for c in cells if c.get(f"provenance_{key}") is not None}
+        )
+        for key in PROVENANCE_KEYS
+    }
+
+
+def _other_knobs(c: dict) -> str:
+    """The knobs the technique table has no column for, where they are not at their default."""
+    parts = []
+    if c["offload"] != "none":
+        parts.append(f"offload {c['offload']}")
+    if c["grad_accum"] > 1:
+        parts.append(f"{c['grad_accum']} micro-batches per step")
+    if c["compile_memory_budget"] is not None:
+        parts.append(f"compile memory budget {c['compile_memory_budget']}")
+    if c["parallel"] != "none":
+        parts.append(parallel_label(c) + ", batch per GPU")
+    return "; ".join(parts)
+
+
+def _techniques(cells: list[dict]) -> list[dict]:
+    """One entry per technique with its knobs and the attention kernels that actually ran."""
+    out = {}
+    for c in cells:
+        t = out.setdefault(
+            c["technique"],
+            {
+                "name": c["technique"],
+                "precision": c["precision"],
+                "attention": c["attention"],
+                "window": c["window"],
+                "checkpointing": c["checkpointing"],
+                "checkpoint_every": c["checkpoint_every"],
+                "compile": bool(c["compile"]),
+                "loss": c["loss"],
+                "loss_chunk": c["loss_chunk"],
+                "optimizer": c["optimizer"]
+                + (" in backward" if c["optimizer_in_backward"] else ""),
+                "grad_accum": c["grad_accum"],
+                "other": _other_knobs(c),
+                "kernels": [],
+            },
+        )
+        if c["kernel"] is not None and c["kernel"] not in t["kernels"]:
+            t["kernels"].append(c["kernel"])
+    for t in out.values():  # FlexAttention is always compiled, on its own
+        t["compiled"] = (
+            "yes" if t["compile"] else "attention only" if "flex" in t["kernels"] else "no"
+        )
+    return list(out.values())
+
+
+def _quality_runs(quality_csv: Path | None) -> list[dict]:
+    if quality_csv is None or not Path(quality_csv).exists():
+        return []
+    import pandas as pd
+
+    frame = pd.read_csv(quality_csv)
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def build_context(
+    summary_csv,
+    search_paths,
+    corpus_stats,
+    token_meta,
+    config,
+    benchmark_paths=(),
+    reference_path: Path | None = None,
+    quality_csv: Path | None = None,
+    exactness_paths=(),
+) -> dict:
+    """Everything the templates may use, except the figure paths (figure_paths: per format).
+
+    benchmark_paths: Snakemake benchmark files of the stages (wall-clock per stage, appendix);
+    reference_path: the YAML of earlier reports' numbers (comparison table), if any;
+    quality_csv: the quality runs (results/quality.csv); exactness_paths: the exactness runs."""
+    cells = _cells(Path(summary_csv))
+    tokens = read_json(token_meta)
+    if "model" in config and "vocab_size" in tokens:
+        add_hfu(cells, config["model"], tokens["vocab_size"])
+    # Search tables follow the cells' technique order, whatever order the paths came in.
+    rank = {t: i for i, t in enumerate(dict.fromkeys(c["technique"] for c in cells))}
+    searches = sorted(
+        (_search(Path(p)) for p in search_paths), key=lambda s: rank.get(s["technique"], len(rank))
+    )
+    corpus = {"license": None, "description": None, **read_json(corpus_stats)}
+    try:
+        model = {**config["model"], "params": param_count(config["model"], tokens["vocab_size"])}
+        baseline = config["baseline"]
+    except KeyError as e:
+        raise MemoptError(f"config or token meta lacks key {e} needed by the paper") from None
+    # Device and step counts as the cells recorded them (an oom cell has no step counts).
+    first_ok = next((c for c in cells if c["status"] == "ok"), cells[0] if cells else {})
+    relative = relative_to_baseline(cells, baseline)
+    gpu = first_ok.get("device") == "cuda"  # a CPU run: no GPU words, no TF32 (a CPU has none)
+    tf32 = tf32_reference(cells, baseline) if gpu else None
+    add_tf32_speedups(relative, cells, tf32)
+    runs = _quality_runs(quality_csv)
+    stages = stage_times(benchmark_paths)
+    timed = [c["timed_steps"] for c in cells if c.get("timed_steps") is not None]
+    at_time = stopped_at_time_limit(cells, config["measure"])
+    quality = quality_table(runs, config["techniques"], baseline)
+    exact = exactness(
+        [read_json(Path(p)) for p in exactness_paths],
+        config["techniques"],
+        config["exactness"]["tolerance"],
+    )
+    return {
+        "cells": cells,
+        "techniques": _techniques(cells),
+        "baseline": baseline,
+        "compared": [t for t in dict.fromkeys(c["technique"] for c in cells) if t != baseline],
+        "searches": searches,
+        "corpus": corpus,
+        "tokens": tokens,
+        "config": config,
+        "model": model,
+        "flops": flops_summary(config["model"], tokens["vocab_size"], cells),
+        "train": config.get("train", {}),
+        "warm_worker": bool(config.get("worker", {}).get("enabled")),
+        "device": {"type": first_ok.get("device"), "name": first_ok.get("device_name")},
+        "gpu": gpu,
+        "hw": "GPU" if gpu else "CPU",
+        "measured": {
+            "warmup_steps": first_ok.get("warmup_steps"),
+            "timed_min": min(timed) if timed else None,
+            "timed_max": max(timed) if timed else None,
+            "at_max": sum(
+                c["timed_steps"] >= config["measure"]["max_timed_steps"]
+                for c in cells
+                if c.get("timed_steps") is not None and not c.get("measured_as")
+            ),
+            "at_time": at_time,
+            "at_time_list": ", ".join(
+                f"{c['technique']} at {c['batch_size']:,} ({100 * c['step_time_ms_rel_ci95']:.1f}%)"
+                for c in at_time
+            ),
+        },
+        "retries": [  # each run once: a `max` entry that is its `same` run is not listed again
+            c
+            for c in cells
+            if not c.get("measured_as")
+            and ((c.get("allocator_alloc_retries") or 0) > 0 or (c.get("allocator_ooms") or 0) > 0)
+        ],
+        "findings": findings(cells, searches, baseline),
+        "quality": quality,
+        "recommendations": recommendations(
+            cells,
+            quality,
+            baseline,
+            capped_techniques(searches),
+        ),
+        "quality_runs": runs,
+        "exactness": exact,
+        "mechanisms": mechanisms(
+            cells, baseline, exact["rows"], {**config["model"], "vocab": tokens["vocab_size"]}
+        ),
+        "optimal": throughput_optimal(cells, searches, config["model"]["seq_len"]),
+        "relative": relative,
+        "tf32": tf32,
+        # Earlier reports ran GPUs: a CPU run's ratios are not set beside them.
+        "references": reference_comparison(reference_path, relative, searches, baseline)
+        if gpu
+        else {"reports": [], "rows": []},
+        "stages": stages,
+        "share": measurement_share(stages, cells, runs),
+        "analysis": analysis(cells),
+        "config_yaml": config_yaml(config),
+        "increments": incremental_effects(cells),
+        "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
+        "provenance": _provenance(cells),
+        "where": gpus_used(cells, searches, runs),
+    }
+
+
+def figure_paths(figures_dir: Path, out_path: Path, ext: str) -> dict[str, str]:
+    """Each figure's .ext file, relative to the paper file that shows it."""
+    figures = {}
+    for name in FIGURE_NAMES:
+        path = Path(figures_dir) / f"{name}.{ext}"
+        if not path.exists():
+            raise MemoptError(f"{path}: figure not found (run the figures step first)")
+        figures[name] = Path(os.path.relpath(path, Path(out_path).parent)).as_posix()
+    return figures
+
+
+def _render(env: jinja2.Environment, name: str, context: dict) -> str:
+    try:
+        return env.get_template(name).render(context)
+    except jinja2.TemplateNotFound as e:
+        raise MemoptError(f"template {e.name} not found in {env.loader.searchpath}") from None
+    except jinja2.UndefinedError as e:
+        raise MemoptError(f"template {name}: {e.message}") from None
+    except jinja2.TemplateSyntaxError as e:
+        raise MemoptError(f"template {e.name or name}, line {e.lineno}: {e.message}") from None
+
+
+def render_paper(
+    summary_csv: Path,
+    search_paths: list[Path],
+    corpus_stats: Path,
+    token_meta: Path,
+    config: dict,
+    figures_dir: Path,
+    templates_dir: Path,
+    out_md: Path,
+    out_tex: Path,
+    *,
+    benchmark_paths=(),
+    reference_path: Path | None = None,
+    quality_csv: Path | None = None,
+    exactness_paths=(),
+) -> None:
+    """Render paper.md.j2 -> out_md and paper.tex.j2 -> out_tex; nothing is written unless both
+    render, so a failed render never leaves one format newer than the other."""
+    context = build_context(
+        summary_csv,
+        search_paths,
+        corpus_stats,
+        token_meta,
+        config,
+        benchmark_paths=benchmark_paths,
+        reference_path=reference_path,
+        quality_csv=quality_csv,
+        exactness_paths=exactness_paths,
+    )
+    prose = render_prose(make_environment(Path(templates_dir), False), context, _render)
+    texts = {}
+    for out, template, latex, ext in (
+        (out_md, "paper.md.j2", False, "png"),
+        (out_tex, "paper.tex.j2", True, "pdf"),
+    ):
+        figures = figure_paths(figures_dir, out, ext)
+        env = make_environment(Path(templates_dir), latex)
+        text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
+        texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text})
+    for out, text in texts.items():
+        write_text(out, text)

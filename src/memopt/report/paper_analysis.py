@@ -1,0 +1,270 @@
+"""What the paper concludes from the results, beyond the tables: the abstract's headline numbers,
+hardware FLOP utilization beside MFU, the TF32 reference beside the FP32 baseline, and the
+recommendation table (which technique wins each goal, at what cost, against which runner-up).
+Torch-free; every number comes from the cells, the searches and the quality runs.
+"""
+
+from __future__ import annotations
+
+from memopt.report.paper_reference import ratio
+from memopt.report.results import (
+    LATER_SPEC_KEYS,
+    SPEC_KEYS,
+    capped_techniques,
+    entry_sort_key,
+    within_noise,
+)
+from memopt.runtime.flops import flops_per_token, recompute_flops_per_token
+
+# The knobs of a cell that decide its recomputation (summary.csv columns).
+_SPEC = ("checkpointing", "checkpoint_every", "window", "loss", "compile", "compile_memory_budget")
+
+
+def add_hfu(cells: list[dict], model_cfg: dict, vocab_size: int) -> None:
+    """Set each cell's `hfu`: MFU with recomputation counted (None where MFU is, or where the
+    recomputation is not known from the knobs)."""
+    for c in cells:
+        extra = recompute_flops_per_token(model_cfg, vocab_size, {k: c.get(k) for k in _SPEC})
+        model = flops_per_token(model_cfg, vocab_size, c.get("window"))
+        c["hfu"] = None if c.get("mfu") is None or extra is None else c["mfu"] * (1 + extra / model)
+
+
+def _best_per_technique(cells: list[dict], key, entry: str | None = None) -> dict[str, dict]:
+    """Each technique's ok cell with the largest key(cell) (at `entry`, if given)."""
+    best: dict[str, dict] = {}
+    for c in cells:
+        if c["status"] != "ok" or (entry is not None and c["batch_entry"] != entry):
+            continue
+        if c["technique"] not in best or key(c) > key(best[c["technique"]]):
+            best[c["technique"]] = c
+    return best
+
+
+def _quality_by_technique(quality: dict) -> dict[str, dict]:
+    return {t: row for row in quality.get("rows", []) for t in row["techniques"]}
+
+
+def _ranked(best: dict[str, dict], key) -> list[dict]:
+    return sorted(best.values(), key=key, reverse=True)
+
+
+def _quality_words(row: dict | None) -> str:
+    if row is None or not row["val_loss"]["n"]:
+        return "quality not measured"
+    if row["verdict"] is None:
+        return "the reference quality"
+    return f"quality {row['verdict']} against the baseline's function"
+
+
+def recommendations(
+    cells: list[dict], quality: dict, baseline: str, capped: frozenset = frozenset()
+) -> list[dict]:
+    """One row per goal: the winning technique, its figure, what it costs, the runner-up and
+    its figure, and whether the two are within measurement noise. Goals without data are left out.
+
+    - largest batch: the largest batch a `max` cell trained at (techniques whose searches both
+      stopped at the cap, `capped`, at one batch are tied: neither is known to train more);
+    - fastest training: the highest tokens/s of any of the technique's cells;
+    - least memory at the same batch: the lowest peak allocated memory at `same`;
+    - best quality per GPU-hour: among techniques whose function is not distinguishably worse
+      than the best function (and never diverged), the highest tokens/s: the same quality in
+      the least time.
+    """
+    q = _quality_by_technique(quality)
+    base = next(
+        (c for c in cells if c["technique"] == baseline and c["batch_entry"] == "same"), None
+    )
+    base = base if base is not None and base["status"] == "ok" else None
+    rows = []
+
+    def row(goal, ranked, figure, cost, noise=None, tie=None):
+        if not ranked:
+            return
+        win, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+        rows.append(
+            {
+                "goal": goal,
+                "winner": win["technique"],
+                "figure": figure(win),
+                "cost": cost(win),
+                "runner_up": second["technique"] if second else None,
+                "runner_up_figure": figure(second) if second else None,
+                "within_noise": bool(second and noise and noise(win, second)),
+                "tied": bool(second and tie and tie(win, second)),
+            }
+        )
+
+    def speed_vs_base(c):
+        if base is None:
+            return f"{c['tokens_per_s']:,.0f} tokens/s"
+        return f"{c['tokens_per_s'] / base['tokens_per_s']:.2f}x the baseline's tokens/s"
+
+    same_ok = _best_per_technique(cells, lambda c: c["tokens_per_s"], entry="same")
+    quickest = max(same_ok.values(), key=lambda c: c["tokens_per_s"], default=None)
+
+    def speed_given_up(c):
+        """What the technique costs in speed: its tokens/s at the `same` batch against the
+        fastest technique's there (the largest batch is not what a slower step buys)."""
+        mine = same_ok.get(c["technique"])
+        if mine is None or quickest is None or mine is quickest:
+            return f"{c['tokens_per_s']:,.0f} tokens/s at that batch"
+        return (
+            f"{mine['tokens_per_s'] / quickest['tokens_per_s']:.2f}x the tokens/s of "
+            f"{quickest['technique']} at the same batch"
+        )
+
+    largest = _best_per_technique(cells, lambda c: c["batch_size"], entry="max")
+    row(
+        "largest batch",
+        _ranked(largest, lambda c: (c["batch_size"], c["tokens_per_s"])),
+        lambda c: f"{'≥ ' if c['technique'] in capped else ''}{c['batch_size']:,} sequences",
+        lambda c: f"{speed_given_up(c)}; {_quality_words(q.get(c['technique']))}",
+        tie=lambda a, b: (
+            a["batch_size"] == b["batch_size"] and {a["technique"], b["technique"]} <= capped
+        ),
+    )
+    fastest = _best_per_technique(cells, lambda c: c["tokens_per_s"])
+    row(
+        "fastest training",
+        _ranked(fastest, lambda c: c["tokens_per_s"]),
+        lambda c: f"{c['tokens_per_s']:,.0f} tokens/s at batch {c['batch_size']:,}",
+        lambda c: (
+            f"{c['peak_allocated_mib']:,.0f} MiB peak; {_quality_words(q.get(c['technique']))}"
+        ),
+        within_noise,
+    )
+    same = _best_per_technique(cells, lambda c: -c["peak_allocated_mib"], entry="same")
+    row(
+        "least memory at the same batch",
+        _ranked(same, lambda c: -c["peak_allocated_mib"]),
+        lambda c: f"{c['peak_allocated_mib']:,.0f} MiB at batch {c['batch_size']:,}",
+        lambda c: f"{speed_vs_base(c)}; {_quality_words(q.get(c['technique']))}",
+    )
+    good = _as_good_as_the_best(quality)
+    quality_fastest = {t: c for t, c in fastest.items() if q.get(t, {}).get("function") in good}
+    row(
+        "best quality per GPU-hour",
+        _ranked(quality_fastest, lambda c: c["tokens_per_s"]),
+        lambda c: (
+            f"{c['tokens_per_s']:,.0f} tokens/s, validation loss "
+            + _loss_with_spread(q[c["technique"]]["val_loss"])
+        ),
+        lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak at batch {c['batch_size']:,}",
+        within_noise,
+    )
+    return rows
+
+
+def _loss_with_spread(loss: dict) -> str:
+    """A function's mean validation loss with its seed range (every quality number carries its
+    spread; one seed has none)."""
+    if loss["n"] > 1:
+        return f"{loss['mean']:.4f} (seeds {loss['min']:.4f}–{loss['max']:.4f})"
+    return f"{loss['mean']:.4f} (one seed)"
+
+
+def _as_good_as_the_best(quality: dict) -> set[str]:
+    """The functions whose validation loss is not distinguishably worse than the best function's:
+    their seed ranges overlap its range (with one seed each, only the best itself). A function with
+    a diverged seed is never among them."""
+    rows = [
+        r for r in quality.get("rows", []) if r["val_loss"]["n"] and not r.get("diverged_seeds")
+    ]
+    if not rows:
+        return set()
+    best = min(rows, key=lambda r: r["val_loss"]["mean"])["val_loss"]
+    return {
+        r["function"]
+        for r in rows
+        if r["val_loss"]["mean"] == best["mean"]
+        or (r["val_loss"]["n"] > 1 and best["n"] > 1 and r["val_loss"]["min"] <= best["max"])
+    }
+
+
+def tf32_reference(cells: list[dict], baseline: str) -> dict | None:
+    """The TF32 reference: a technique that is the FP32 baseline with TF32 matmuls, every other
+    knob equal. FP32 with TF32 off is the H100's slowest path; speed-ups are also given against
+    this reference, the 'FP32/TF32' baseline most reports mean. Its name and its `same` cell."""
+    knobs = SPEC_KEYS + list(LATER_SPEC_KEYS)
+    same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
+    base = same.get(baseline)
+    if base is None or base["precision"] != "fp32":
+        return None
+    for name, c in same.items():
+        if c["precision"] == "tf32" and all(c[k] == base[k] for k in knobs if k != "precision"):
+            return {"technique": name, "cell": c}
+    return None
+
+
+def add_tf32_speedups(relative: list[dict], cells: list[dict], ref: dict | None) -> None:
+    """Each row of the comparison with the baseline gets its speed-up against the TF32
+    reference too (None without one)."""
+    by_key = {(c["technique"], c["batch_entry"]): c for c in cells}
+    for row in relative:
+        cell = by_key[row["technique"], row["batch_entry"]]
+        row["speedup_tf32"] = (
+            cell["tokens_per_s"] / ref["cell"]["tokens_per_s"] if ref is not None else None
+        )
+
+
+def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
+    """The headline numbers of the abstract, at the `same` batch (else the first entry)."""
+    entries = sorted({c["batch_entry"] for c in cells}, key=entry_sort_key)
+    entry = "same" if "same" in entries else (entries[0] if entries else None)
+    ok = [c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"]
+    base = next((c for c in ok if c["technique"] == baseline), None)
+    result = {
+        "entry": entry,
+        "batch_size": None,
+        "baseline_ok": base is not None,
+        "lowest_memory": None,
+        "fastest": None,
+        "largest_batch": None,
+    }
+    if ok:
+        result["batch_size"] = ok[0]["batch_size"]
+        low = min(ok, key=lambda c: c["peak_allocated_mib"])
+        base_mib = base["peak_allocated_mib"] if base else None
+        saving = 100 * (1 - low["peak_allocated_mib"] / base_mib) if base_mib else None
+        result["lowest_memory"] = {
+            "technique": low["technique"],
+            "peak_mib": low["peak_allocated_mib"],
+            "baseline_mib": base_mib,
+            "saving_pct": saving,
+        }
+        fast = max(ok, key=lambda c: c["tokens_per_s"])
+        base_tps = base["tokens_per_s"] if base else None
+        result["fastest"] = {
+            "technique": fast["technique"],
+            # the others whose throughput is within the two cells' 95% intervals of it
+            "tied": [c for c in ok if c is not fast and within_noise(c, fast)],
+            "tokens_per_s": fast["tokens_per_s"],
+            "baseline_tokens_per_s": base_tps,
+            "speedup": ratio(fast["tokens_per_s"], base_tps),
+        }
+    # "Trains" means a cell finished: a search maximum whose full run ran out of memory is not it.
+    trained = [c for c in cells if c["status"] == "ok"]
+    if trained:
+        top = max(trained, key=lambda c: c["batch_size"])
+        base_batches = [c["batch_size"] for c in trained if c["technique"] == baseline]
+        base_max = max(base_batches) if base_batches else None
+        status = {s["technique"]: s["status"] for s in searches}
+        capped = capped_techniques(searches)
+        # Techniques whose searches stopped at the same cap tie: none is known to train more.
+        tied = [
+            c["technique"]
+            for c in trained
+            if c["batch_entry"] == "max"
+            and c["technique"] != top["technique"]
+            and c["batch_size"] == top["batch_size"]
+            and {c["technique"], top["technique"]} <= capped
+        ]
+        result["largest_batch"] = {
+            "technique": top["technique"],
+            "tied": tied,
+            "max_batch": top["batch_size"],
+            "capped": status.get(top["technique"]) == "capped" and top["batch_entry"] == "max",
+            "baseline_max_batch": base_max,
+            "ratio": ratio(top["batch_size"], base_max),
+        }
+    return result

@@ -1,0 +1,374 @@
+"""The paper's prose: title, abstract, introduction, discussion, limitations and conclusion.
+
+Each section is written once, as a Markdown template (paper/templates/prose/<section>.md.j2), and
+converted to LaTeX by md_to_tex, so that the two formats cannot say different things. The numbers
+the prose argues with are derived here (story) from the same context as the tables. Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jinja2
+
+from memopt.report.paper_format import tex
+from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts
+from memopt.report.results import within_noise
+from memopt.runtime.flops import attention_flops_per_token, flops_per_token
+
+SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")
+
+_CODE_RE = re.compile(r"`([^`]+)`")
+_BOLD_RE = re.compile(r"\*\*(.+?)\*\*")
+_EM_RE = re.compile(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")
+
+
+def _tex_code(text: str) -> str:
+    """A code span: typewriter, with break points in long unbroken names (hashes, paths)."""
+    escaped = tex(text)
+    if len(text) > 16 and " " not in text:
+        escaped = re.sub(r"((?:\\[a-z]+\{\}|\\.|[^\\]){8})", r"\1\\allowbreak{}", escaped)
+    return r"\texttt{" + escaped + "}"
+
+
+def md_to_tex(text: str) -> str:
+    """The Markdown subset the prose templates use (paragraphs, **bold**, *emphasis*, `code`)
+    as LaTeX: everything else is escaped, so a value can never inject TeX. Code spans are set
+    aside first (as NUL-delimited indices), so bold and emphasis may enclose them."""
+    codes: list[str] = []
+
+    def aside(m: re.Match) -> str:
+        codes.append(_tex_code(m.group(1)))
+        return f"\0{len(codes) - 1}\0"
+
+    out = tex(_CODE_RE.sub(aside, text))
+    out = _BOLD_RE.sub(r"\\textbf{\1}", out)
+    out = _EM_RE.sub(r"\\emph{\1}", out)
+    return re.sub("\0(\\d+)\0", lambda m: codes[int(m.group(1))], out)
+
+
+def _same(cells: list[dict]) -> dict[str, dict]:
+    return {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
+
+
+def _memory_terms(ctx: dict) -> dict | None:
+    """What fills the memory, from the baseline's measured step at the `same` batch and its
+    search: fixed (weights, gradients, optimizer state) and per sequence, and the two terms
+    that dominate the activations at this sequence length (FP32 values, by shape)."""
+    base = _same(ctx["cells"]).get(ctx["baseline"])
+    parts = peak_parts(base) if base else {}
+    if not parts or parts.get("gradients") is None:
+        return None
+    model, vocab = ctx["model"], ctx["tokens"]["vocab_size"]
+    fixed = parts["weights"] + parts["gradients"] + parts["optimizer"]
+    search = next((s for s in ctx["searches"] if s["technique"] == ctx["baseline"]), {})
+    return {
+        "fixed_mib": fixed,
+        "bytes_per_param": fixed * 2**20 / model["params"],
+        "peak_mib": base["peak_allocated_mib"],
+        "activations_share": base["activations_mib"] / base["peak_allocated_mib"],
+        "batch": base["batch_size"],
+        "per_sample_mib": search.get("per_sample_mib"),
+        "budget_mib": search.get("budget_mib"),
+        "max_batch": search.get("max_batch"),
+        "scores_mib": model["n_layers"] * model["n_heads"] * model["seq_len"] ** 2 * 4 / 2**20,
+        "logits_mib": model["seq_len"] * vocab * 4 / 2**20,
+        "vocab": vocab,
+    }
+
+
+def _knobs(techniques: list[dict], baseline: str) -> list[dict]:
+    """The kinds of technique in the study, each with the techniques that use it."""
+    kinds = {
+        "precision": ("16-bit autocast", lambda t: t["precision"] in ("bf16", "fp16")),
+        "fp8": ("FP8 matmuls", lambda t: t["precision"] == "fp8"),
+        "tf32": ("TF32 matmuls", lambda t: t["precision"] == "tf32"),
+        "fused": (
+            "a fused attention kernel",
+            lambda t: t["attention"] != "math" and t["window"] is None,
+        ),
+        "window": ("sliding-window attention", lambda t: t["window"] is not None),
+        "checkpointing": ("activation checkpointing", lambda t: t["checkpointing"] != "none"),
+        "loss": ("a chunked or fused loss", lambda t: t["loss"] != "standard"),
+        "lowbit": ("a low-bit optimizer", lambda t: t["optimizer"].split()[0].endswith("bit")),
+        "lighter": ("a lighter optimizer", lambda t: t["optimizer"].split()[0] in ("adafactor", "sgd")),
+        "in_backward": ("updates in the backward pass", lambda t: "in backward" in t["optimizer"]),
+        "compile": ("compilation", lambda t: t["compiled"] == "yes"),
+        "offload": ("offloading", lambda t: "offload" in t["other"]),
+        "accumulation": ("gradient accumulation", lambda t: "micro-batches" in t["other"]),
+        "parallel": ("data parallelism", lambda t: "per GPU" in t["other"]),
+    }  # fmt: skip
+    out = []
+    for key, (name, uses) in kinds.items():
+        names = [t["name"] for t in techniques if t["name"] != baseline and uses(t)]
+        if names:
+            out.append({"key": key, "name": name, "techniques": names})
+    return out
+
+
+# A larger batch's gain in throughput worth naming (and beyond the two cells' 95% intervals).
+GAIN = 0.05
+
+
+def _batch_speed(cells: list[dict]) -> dict | None:
+    """How throughput changes from the `same` batch to each technique's own maximum batch, and
+    which techniques gain from it beyond noise."""
+    same = _same(cells)
+    ratios = [
+        (c, c["tokens_per_s"] / same[c["technique"]]["tokens_per_s"] - 1)
+        for c in cells
+        if c["batch_entry"] == "max"
+        and c["status"] == "ok"
+        and not c.get("measured_as")
+        and c["technique"] in same
+        and c["batch_size"] > same[c["technique"]]["batch_size"]
+    ]
+    if not ratios:
+        return None
+    return {
+        "lo": min(r for _, r in ratios),
+        "hi": max(r for _, r in ratios),
+        "n": len(ratios),
+        "threshold": GAIN,
+        "gainers": [
+            {"technique": c["technique"], "change": r}
+            for c, r in ratios
+            if r >= GAIN and not within_noise(c, same[c["technique"]])
+        ],
+    }
+
+
+def _reports_speedups(references: dict) -> list[dict]:
+    """Per technique, the earlier reports' speed-ups (their range) beside ours."""
+    by = {}
+    for r in references.get("rows", []):
+        if r["speedup"] is not None and r["our_speedup"] is not None:
+            entry = by.setdefault(r["technique"], {"technique": r["technique"], "theirs": []})
+            entry["theirs"].append(r["speedup"])
+            entry["ours"] = r["our_speedup"]
+            entry["ours_tf32"] = r.get("our_speedup_tf32")
+    return [
+        {**e, "lo": min(e["theirs"]), "hi": max(e["theirs"]), "n": len(e["theirs"])}
+        for e in by.values()
+    ]
+
+
+def _by_knob(increments: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in increments:
+        out.setdefault(row["knob"], []).append(row)
+    return out
+
+
+def _fused_technique(same: dict[str, dict], baseline: str, techniques: list[dict]) -> dict | None:
+    """The first fused-attention technique without checkpointing and compilation (whose `same`
+    cell has a breakdown), the baseline's `same` cell beside it."""
+    base = same.get(baseline)
+    for t in techniques:
+        c = same.get(t["name"])
+        if (
+            c is not None and base is not None and c["kernel"] not in (None, "math")
+            and c["checkpointing"] == "none" and c.get("activations_mib") is not None
+            and not c.get("compile") and base.get("activations_mib")
+        ):  # fmt: skip
+            return c
+    return None
+
+
+def _fused_share(same: dict[str, dict], baseline: str, techniques: list[dict]) -> dict | None:
+    """The share of the baseline's activations that the first fused-attention technique keeps no
+    more, and the precision it runs in when that differs from the baseline's (then autocast has
+    a part in the saving: the two cannot be told apart from these cells)."""
+    c = _fused_technique(same, baseline, techniques)
+    if c is None:
+        return None
+    base = same[baseline]
+    separated = any(
+        o["kernel"] == "math" and o["precision"] == c["precision"] for o in same.values()
+    )
+    return {
+        "share": 1 - c["activations_mib"] / base["activations_mib"],
+        "technique": c["technique"],
+        "with_precision": None
+        if separated or c["precision"] == base["precision"]
+        else c["precision"],
+    }
+
+
+def _fastest_tf32(ctx: dict) -> float | None:
+    """The speed-up of the abstract's fastest technique against the TF32 reference (None when
+    the fastest is that reference: it would be compared with itself)."""
+    fast = ctx["findings"].get("fastest")
+    if not fast or ctx.get("tf32") is None or fast["technique"] == ctx["tf32"]["technique"]:
+        return None
+    return next(
+        (
+            r["speedup_tf32"]
+            for r in ctx["relative"]
+            if r["technique"] == fast["technique"] and r["batch_entry"] == ctx["findings"]["entry"]
+        ),
+        None,
+    )
+
+
+def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
+    """Per compiled technique with an uncompiled twin (Table 7), what the compiled graph stops
+    keeping: the activations (logits included) it keeps less than the twin, beside one FP32 copy
+    of the logits, which autocast makes for the cross-entropy. `loss_fused`: the two agree within
+    5%, so the saving is that copy and the blocks keep what they kept."""
+    out = []
+    vocab = ctx["tokens"]["vocab_size"]
+    for r in ctx["increments"]:
+        c, twin = same.get(r["technique"]), same.get(r["over"])
+        if r["knob"] != "compile" or c is None or twin is None:
+            continue
+        if c.get("activations_mib") is None or twin.get("activations_mib") is None:
+            continue
+        less = twin["activations_mib"] - c["activations_mib"]
+        copy = logits_fp32_mib(c, {**ctx["model"], "vocab": vocab})
+        out.append(
+            {"technique": r["technique"], "over": r["over"], "less_mib": less, "copy_mib": copy,
+             "loss_fused": abs(less - copy) <= 0.05 * copy}
+        )  # fmt: skip
+    return out
+
+
+def _window_flops(ctx: dict) -> list[dict]:
+    """Per sliding-window technique with a full-attention twin (Table 7): attention's matmul
+    FLOPs per token with and without the window, beside the model's, and the speed-up."""
+    m, vocab = ctx["model"], ctx["tokens"]["vocab_size"]
+    out = []
+    for r in ctx["increments"]:
+        w = next((t["window"] for t in ctx["techniques"] if t["name"] == r["technique"]), None)
+        if r["knob"] != "attention" or w is None:
+            continue
+        full = attention_flops_per_token(m, None)
+        out.append(
+            {"technique": r["technique"], "over": r["over"], "window": w, "speedup": r["speedup"],
+             "full_mflop": full / 1e6, "window_mflop": attention_flops_per_token(m, w) / 1e6,
+             "per_token_gflop": flops_per_token(m, vocab, None) / 1e9,
+             "share": full / flops_per_token(m, vocab, None),
+             "no_saving": abs(r["memory_reduction_pct"]) < 1}
+        )  # fmt: skip
+    return out
+
+
+def _seed_spread(quality: dict) -> float | None:
+    """The widest seed range of validation loss among the functions (nats): differences between
+    functions smaller than about this cannot be seen with these seeds."""
+    spans = [
+        r["val_loss"]["max"] - r["val_loss"]["min"]
+        for r in quality.get("rows", [])
+        if r["val_loss"]["n"] and r["val_loss"]["n"] > 1
+    ]
+    return max(spans) if spans else None
+
+
+def _uncovered_quality_kernels(ctx: dict) -> list[dict]:
+    """Quality runs whose kernel none of their function's timed techniques ran: the exactness
+    runs, which compare the techniques, do not cover that kernel."""
+    kernels = {t["name"]: set(t.get("kernels") or []) for t in ctx["techniques"]}
+    out = []
+    for r in ctx["quality"].get("rows", []):
+        ran = set().union(*(kernels.get(t, set()) for t in r["techniques"]))
+        if r.get("kernel") and ran and r["kernel"] not in ran:
+            out.append({"function": r["function"], "kernel": r["kernel"], "timed": sorted(ran)})
+    return out
+
+
+def story(ctx: dict) -> dict:
+    """The derived numbers the prose argues with (each from the results)."""
+    searches = {s["technique"]: s for s in ctx["searches"]}
+    base_search = searches.get(ctx["baseline"], {})
+    per_sample = [
+        {"technique": s["technique"], "per_sample_mib": s["per_sample_mib"],
+         "max_batch": s["max_batch"], "capped": s["status"] == "capped"}
+        for s in ctx["searches"]
+        if s.get("per_sample_mib") is not None
+    ]  # fmt: skip
+    same = _same(ctx["cells"])
+    bf16 = next(
+        (
+            c
+            for name, c in same.items()
+            if c["precision"] in ("bf16", "fp16")
+            and c["kernel"] == "math"
+            and c["checkpointing"] == "none"
+            and name != ctx["baseline"]
+        ),
+        None,
+    )
+    base = same.get(ctx["baseline"])
+    explicit_16bit = None
+    if bf16 is not None and base is not None and base.get("activations_mib") is not None:
+        explicit_16bit = {
+            "technique": bf16["technique"],
+            "activations_mib": bf16["activations_mib"],
+            "baseline_activations_mib": base["activations_mib"],
+            "saving_pct": 100 * (1 - bf16["peak_allocated_mib"] / base["peak_allocated_mib"]),
+        }
+    exact_identical = [
+        r["technique"]
+        for r in ctx["exactness"]["rows"]
+        if r.get("max_abs_diff") == 0 and r.get("reference") not in (None, r["technique"])
+    ]
+    parts = {name: peak_parts(c) for name, c in same.items()}
+    return {
+        "memory": _memory_terms(ctx),
+        "fused_share": _fused_share(same, ctx["baseline"], ctx["techniques"]),
+        "logits_bound": [
+            {
+                "technique": name,
+                "working": p["working"],
+                "activations": p["activations"] + (p["logits"] or 0),
+            }
+            for name, p in parts.items()
+            if p
+            and same[name]["checkpointing"] != "none"
+            and same[name].get("loss", "standard") == "standard"  # a chunked loss acted already
+            and p["working"] > p["activations"] + (p["logits"] or 0)
+        ],  # fmt: skip
+        "hfu_gap": [
+            c
+            for c in same.values()
+            if c.get("mfu") and c.get("hfu") is not None and c["hfu"] > 1.01 * c["mfu"]
+        ],  # fmt: skip
+        "fastest_tf32": _fastest_tf32(ctx),
+        "compile_saving": _compile_saving(ctx, same),
+        "window_flops": _window_flops(ctx),
+        "seed_spread": _seed_spread(ctx["quality"]),
+        "uncovered_kernels": _uncovered_quality_kernels(ctx),
+        "reports_agree": all(
+            (r["lo"] - 1) * (r["ours"] - 1) > 0 and (r["hi"] - 1) * (r["ours"] - 1) > 0
+            for r in _reports_speedups(ctx["references"])
+        ),
+        "knobs": _knobs(ctx["techniques"], ctx["baseline"]),
+        "per_sample": per_sample,
+        "baseline_per_sample": base_search.get("per_sample_mib"),
+        "batch_speed": _batch_speed(ctx["cells"]),
+        "reports": _reports_speedups(ctx["references"]),
+        "increments": _by_knob(ctx["increments"]),
+        "explicit_16bit": explicit_16bit,
+        "bitwise_identical": exact_identical,
+        "recommend": {r["goal"]: r for r in ctx["recommendations"]},
+    }
+
+
+def render_prose(env: jinja2.Environment, context: dict, render) -> dict[str, dict]:
+    """Each section rendered from the Markdown environment, as {"md": text, "tex": text}, and
+    the figure captions (prose/captions.md.j2, one "name: caption" per line) as
+    {"md": {name: caption}, "tex": {name: caption}}."""
+    ctx = {**context, "story": story(context)}
+    out = {}
+    for name in SECTIONS:
+        text = render(env, f"prose/{name}.md.j2", ctx).strip()
+        out[name] = {"md": text, "tex": md_to_tex(text)}
+    captions = {}
+    for line in render(env, "prose/captions.md.j2", ctx).strip().splitlines():
+        name, _, text = line.partition(": ")
+        captions[name] = text
+    out["captions"] = {
+        "md": captions,
+        "tex": {name: md_to_tex(text) for name, text in captions.items()},
+    }
+    return out
