@@ -244,3 +244,13 @@ def test_empty_config_overrides_are_named():
     assert empty_overrides({"techniques": {}}) == ["techniques"]
     assert empty_overrides({"model": {"n_layers": 2}, "search": {"x": {}}}) == ["search.x"]
     assert empty_overrides({"model": {"n_layers": 2}}) == []
+
+
+def test_every_knob_undo_names_a_function():
+    """The worker calls each knob's undo between jobs: each names a function that exists."""
+    import importlib
+
+    assert knobs.undo_calls(), "no knob undoes anything: the worker would restore nothing"
+    for call in knobs.undo_calls():
+        module, _, name = call.partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), call

@@ -355,17 +355,17 @@ def test_the_same_knobs_are_allowed_where_they_can_run():
 
 
 def test_config_knows_the_16bit_precisions_and_the_cpu_kernels():
-    """memopt.config_rules restates, without importing torch, what memopt.runtime.precision and the CPU's
-    SDPA backends say: keep them in step."""
+    """memopt.config_rules and the knob registry state, without importing torch, what
+    memopt.runtime.precision and the CPU's SDPA backends say: keep them in step."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from memopt import config_rules
+    from memopt import config_rules, knobs
     from memopt.runtime.precision import AUTOCAST_DTYPES
 
     assert set(config_rules._SIXTEEN_BIT) == set(AUTOCAST_DTYPES)
     q = torch.randn(1, 2, 8, 16)
     for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
-        assert ("attention", name) in config_rules._GPU_ONLY
+        assert name in knobs.BY_NAME["attention"].gpu_only
         with pytest.raises(RuntimeError), sdpa_kernel([backend]):
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # allowed on a CPU, also in FP32

@@ -143,7 +143,29 @@ def test_the_next_job_compiles_as_a_fresh_process_would():
     counters.clear()
     double(torch.ones(4))
     assert counters["stats"]["unique_graphs"] == 0  # reused: what a warm process would do
-    worker._restore(worker._flags())
+    worker._restore(worker._process_state())
     counters.clear()
     double(torch.ones(4))
     assert counters["stats"]["unique_graphs"] == 1  # compiled anew, as in a fresh process
+
+
+def test_between_jobs_the_worker_undoes_what_knobs_and_jobs_change(tmp_path):
+    """Each knob's process-wide effect is undone as the registry says (memopt.knobs: undo), and
+    so is what every job changes: the environment, the folder, kept weights, the job's start."""
+    import torch
+
+    from memopt.runtime import measure, model, precision, techniques
+
+    before = worker._process_state()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    precision.set_precision_flags("fp32" if tf32 else "tf32")  # a job's technique flips it
+    techniques.set_compile_memory_budget(0.3)
+    os.environ["MEMOPT_TEST_JOB_SETTING"] = "1"
+    model._INITIAL[("a model",)] = {}
+    measure.mark_job_started(123.0)
+    os.chdir(tmp_path)
+    worker._restore(before)
+    assert torch.backends.cuda.matmul.allow_tf32 == tf32
+    assert torch._functorch.config.activation_memory_budget == 1.0
+    assert "MEMOPT_TEST_JOB_SETTING" not in os.environ and os.getcwd() == before["cwd"]
+    assert not model._INITIAL and measure._job_started == [None]

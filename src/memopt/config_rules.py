@@ -5,6 +5,7 @@ them after the schema)."""
 from __future__ import annotations
 
 from memopt.errors import ConfigError
+from memopt.knobs import KNOBS
 
 
 def check_cross_keys(cfg: dict) -> None:
@@ -40,27 +41,6 @@ def check_cross_keys(cfg: dict) -> None:
         raise ConfigError("\n".join(problems))
 
 
-# Knob values that need a CUDA GPU, with what a CPU allows instead.
-_GPU_ONLY = {
-    ("precision", "fp8"): "FP8 tensor cores are a GPU's; allowed on a CPU: fp32, tf32, bf16, fp16",
-    ("offload", "activations"): "it moves saved activations from GPU to host memory, where a "
-    "CPU run keeps them already; allowed on a CPU: none",
-    ("loss", "liger"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
-    ("loss", "cce"): "it runs Triton kernels; allowed on a CPU: standard, chunked",
-    (
-        "attention",
-        "efficient",
-    ): "PyTorch has no CPU kernel of it; allowed on a CPU: math, flash, auto",
-    ("attention", "cudnn"): "cuDNN runs on NVIDIA GPUs; allowed on a CPU: math, flash, auto",
-    (
-        "attention",
-        "flex",
-    ): "memopt runs FlexAttention on CUDA only; allowed on a CPU: math, flash, auto",
-    (
-        "attention",
-        "flash_attn",
-    ): "the flash-attn package runs on CUDA GPUs; allowed on a CPU: math, flash, auto",
-}
 # Precisions whose activations (attention's inputs) are 16-bit: memopt.runtime.precision.AUTOCAST_DTYPES.
 _SIXTEEN_BIT = ("bf16", "fp16", "fp8")
 # Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
@@ -103,13 +83,14 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
             "logits' gradient in the forward pass, in FP16, before loss scaling can lift it: "
             "most of it underflows to zero); allowed with fp16: standard, chunked, cce"
         )
-    budget = spec["compile_memory_budget"]
-    if budget is not None and not spec["compile"]:
-        problems.append(
-            f"{key}.compile_memory_budget: {budget} needs {key}.compile true (it is "
-            "torch.compile's activation budget); allowed: compile true, or "
-            "compile_memory_budget null"
-        )
+    for knob in KNOBS:  # a knob away from its default may need another knob's value
+        for other, (want, why) in knob.needs.items():
+            if spec[knob.name] != knob.default and spec[other] != want:
+                problems.append(
+                    f"{key}.{knob.name}: {_yaml(spec[knob.name])} needs {key}.{other} "
+                    f"{_yaml(want)} ({why}); allowed: {other} {_yaml(want)}, or {knob.name} "
+                    f"{_yaml(knob.default)}"
+                )
     if spec["grad_accum"] > cfg["exactness"]["batch"]:
         problems.append(
             f"{key}.grad_accum: {spec['grad_accum']} is larger than exactness.batch "
@@ -129,23 +110,25 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
             "or fp16"
         )
     if cfg["device"] == "cpu":
-        for knob in ("precision", "offload", "loss", "attention"):
-            value = spec[knob]
-            if (knob, value) in _GPU_ONLY:
+        for knob in KNOBS:  # values that need a CUDA GPU, with what a CPU allows instead
+            value = spec[knob.name]
+            if value in knob.gpu_only:
                 problems.append(
-                    f"{key}.{knob}: {value!r} is not allowed with device 'cpu' "
-                    f"({_GPU_ONLY[knob, value]})"
+                    f"{key}.{knob.name}: {value!r} is not allowed with device 'cpu' "
+                    f"({knob.gpu_only[value]})"
                 )
     return problems
 
 
-# What each parallel mode may shard, and knobs not combined with sharding (not measured with it).
+def _yaml(value) -> str:
+    """A value as the config writes it: true, null, 0.5, 'name'."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value)
+
+
+# What each parallel mode may shard.
 _SHARDS = {"none": ("none",), "ddp": ("none", "optimizer"), "fsdp2": ("grads", "full")}
-_NOT_PARALLEL = {
-    "offload": ("none", "its hooks move tensors that FSDP2 also manages"),
-    "optimizer_in_backward": (False, "its per-parameter hooks run before gradients are reduced"),
-    "optimizer": ("adamw", "sharding is measured with AdamW; others are not"),
-}
 
 
 def _parallel_problems(key: str, spec: dict, cfg: dict) -> list[str]:
@@ -163,11 +146,12 @@ def _parallel_problems(key: str, spec: dict, cfg: dict) -> list[str]:
         )
     if mode == "none":
         return problems
-    for knob, (allowed, why) in _NOT_PARALLEL.items():
-        if spec[knob] != allowed:
+    for knob in KNOBS:  # knobs not combined with data parallelism (not measured with it)
+        if knob.parallel is not None and spec[knob.name] != knob.parallel[0]:
+            allowed, why = knob.parallel
             problems.append(
-                f"{key}.{knob}: {spec[knob]!r} is not allowed with {key}.parallel {mode!r} "
-                f"({why}); allowed: {allowed!r}, or parallel none"
+                f"{key}.{knob.name}: {spec[knob.name]!r} is not allowed with {key}.parallel "
+                f"{mode!r} ({why}); allowed: {allowed!r}, or parallel none"
             )
     if spec["precision"] in ("fp16", "fp8"):
         problems.append(

@@ -1,18 +1,28 @@
 """The knobs a technique is made of: one entry per knob, the one home of its facts.
 
-A technique in the config is a mapping of these knobs (`techniques.<name>`). Each entry holds the
-knob's name, the mechanism it belongs to (`group`), its one-line doc, the JSON Schema of its value,
-its default, and whether it changes the function the technique computes (`function`: precision,
-window and optimizer do; every other knob changes how the function is computed, speed and memory,
-which the exactness runs check). The config schema's technique part is generated from these
-entries (memopt.config.load_schema), so a knob's type, values and default are written once.
+A technique in the config is a mapping of these knobs (`techniques.<name>`). Each entry holds:
+- what it is: name, the mechanism it belongs to (`group`: the table of single-knob changes
+  compares techniques that differ in one group), one-line doc, JSON Schema of its value, default;
+- what it means: whether it changes the function the technique computes (`function`: precision,
+  window and optimizer do; every other knob changes how the function is computed, speed and
+  memory, which the exactness runs check);
+- what it needs: values that need a CUDA GPU (`gpu_only`), other knobs' values it needs when not
+  at its default (`needs`), the value a data-parallel technique must keep (`parallel`);
+- how it is named: `describe` (its value in a change, "bf16 → fp8"), `label` (its value in the
+  technique table's `other` column, for knobs without a column of their own);
+- how its process-wide effect is undone before the next job in the same process (`undo`: a
+  "module:function" the worker calls).
+The config schema's technique part, the cross-key rules for devices, needs and parallel modes, the
+results' columns and knob groups, the paper's labels and the worker's restore read these entries;
+what a knob *does* to the model and the step lives in its module under memopt.runtime.
 
 Torch-free: the Snakefile and config validation import it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -26,9 +36,49 @@ class Knob:
     # Every cell's spec holds it: one of the first six knobs. A cell written before a later knob
     # existed lacks it and ran at its default (memopt.report.results reads it so).
     required: bool = False
+    gpu_only: dict = field(default_factory=dict)  # value -> why a CPU cannot run it, what it can
+    needs: dict = field(default_factory=dict)  # when not at its default: knob -> value it needs
+    parallel: tuple | None = None  # (the value a ddp/fsdp2 technique must keep, why)
+    # Its value in a change ("A → B"), from a summary row; None: not named. Default: the value.
+    describe: Callable[[dict], str | None] | None = None
+    # The technique table shows it in a column (or in another knob's); else in `other`, by label.
+    column: bool = False
+    # Its phrase in `other` where it is not at its default. Default: "<name> <value>".
+    label: Callable[[dict], str | None] | None = None
+    # Named in a change only through its group's first knob (k for every_k, the chunk size...).
+    subordinate: bool = False
+    undo: str | None = None  # "module:function" that undoes its process-wide effect
 
     def schema(self) -> dict:
         return {"description": self.doc, **self.value, "default": self.default}
+
+    def value_in(self, row: dict):
+        """Its value in a spec or summary row; a row from before the knob existed ran at its
+        default."""
+        return row.get(self.name, self.default)
+
+    def describes(self, row: dict) -> str | None:
+        if self.describe is not None:
+            return self.describe(row)
+        value = self.value_in(row)
+        return None if value is None else str(value)
+
+    def labels(self, row: dict) -> str | None:
+        if self.column or self.value_in(row) == self.default:
+            return None
+        return self.label(row) if self.label is not None else f"{self.name} {self.value_in(row)}"
+
+
+def parallel_label(row: dict) -> str:
+    """`one GPU`, `ddp on 2 GPUs`, `fsdp2 (shard full) on 4 GPUs`."""
+    mode = row.get("parallel", "none")
+    if mode == "none":
+        return "one GPU"
+    shard = row.get("shard", "none")
+    return f"{mode}{'' if shard == 'none' else f' (shard {shard})'} on {row.get('gpus')} GPUs"
+
+
+_SDPA_CPU = "allowed on a CPU: math, flash, auto"
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -45,6 +95,9 @@ KNOBS: tuple[Knob, ...] = (
         default="fp32",
         function=True,
         required=True,
+        gpu_only={"fp8": "FP8 tensor cores are a GPU's; allowed on a CPU: fp32, tf32, bf16, fp16"},
+        column=True,
+        undo="memopt.runtime.precision:restore_flags",  # TF32 is a global switch
     ),
     Knob(
         "attention",
@@ -60,6 +113,15 @@ KNOBS: tuple[Knob, ...] = (
         {"enum": ["math", "flash", "efficient", "cudnn", "flex", "flash_attn", "auto"]},
         default="math",
         required=True,
+        gpu_only={
+            "efficient": f"PyTorch has no CPU kernel of it; {_SDPA_CPU}",
+            "cudnn": f"cuDNN runs on NVIDIA GPUs; {_SDPA_CPU}",
+            "flex": f"memopt runs FlexAttention on CUDA only; {_SDPA_CPU}",
+            "flash_attn": f"the flash-attn package runs on CUDA GPUs; {_SDPA_CPU}",
+        },
+        describe=lambda r: r.get("kernel") or r["attention"],  # the kernel that ran (auto)
+        column=True,
+        undo="memopt.runtime.attention:restore_flash_impl",  # FA3/FA4 activated for SDPA
     ),
     Knob(
         "window",
@@ -69,6 +131,8 @@ KNOBS: tuple[Knob, ...] = (
         default=None,
         function=True,
         required=True,
+        describe=lambda r: None if r.get("window") is None else f"window {r['window']}",
+        column=True,
     ),
     Knob(
         "checkpointing",
@@ -81,6 +145,7 @@ KNOBS: tuple[Knob, ...] = (
         {"enum": ["none", "full", "every_k", "selective"]},
         default="none",
         required=True,
+        column=True,
     ),
     Knob(
         "checkpoint_every",
@@ -89,6 +154,8 @@ KNOBS: tuple[Knob, ...] = (
         {"type": "integer", "minimum": 1},
         default=2,
         required=True,
+        column=True,
+        subordinate=True,
     ),
     Knob(
         "compile",
@@ -97,6 +164,9 @@ KNOBS: tuple[Knob, ...] = (
         {"type": "boolean"},
         default=False,
         required=True,
+        describe=lambda r: "compile" if r.get("compile") else "no compile",
+        column=True,
+        undo="memopt.runtime.techniques:forget_compiled",  # graphs, counters, memory budget
     ),
     Knob(
         "loss",
@@ -110,6 +180,11 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"enum": ["standard", "chunked", "liger", "cce"]},
         default="standard",
+        gpu_only={
+            "liger": "it runs Triton kernels; allowed on a CPU: standard, chunked",
+            "cce": "it runs Triton kernels; allowed on a CPU: standard, chunked",
+        },
+        column=True,
     ),
     Knob(
         "loss_chunk",
@@ -117,6 +192,8 @@ KNOBS: tuple[Knob, ...] = (
         "Rows (tokens) per chunk for loss: chunked.",
         {"type": "integer", "minimum": 1},
         default=4096,
+        column=True,
+        subordinate=True,
     ),
     Knob(
         "optimizer",
@@ -130,6 +207,8 @@ KNOBS: tuple[Knob, ...] = (
         {"enum": ["adamw", "adamw8bit", "adamw4bit", "adafactor", "sgd"]},
         default="adamw",
         function=True,
+        parallel=("adamw", "sharding is measured with AdamW; others are not"),
+        column=True,
     ),
     Knob(
         "optimizer_in_backward",
@@ -142,6 +221,9 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"type": "boolean"},
         default=False,
+        parallel=(False, "its per-parameter hooks run before gradients are reduced"),
+        describe=lambda r: "in backward" if r.get("optimizer_in_backward") else None,
+        column=True,  # in the optimizer's
     ),
     Knob(
         "offload",
@@ -153,6 +235,14 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"enum": ["none", "activations"]},
         default="none",
+        gpu_only={
+            "activations": "it moves saved activations from GPU to host memory, where a CPU run "
+            "keeps them already; allowed on a CPU: none"
+        },
+        parallel=("none", "its hooks move tensors that FSDP2 also manages"),
+        describe=lambda r: f"offload {r.get('offload', 'none')}",
+        label=lambda r: f"offload {r['offload']}",
+        undo="memopt.runtime.offload:empty_host_cache",  # its pinned host buffers
     ),
     Knob(
         "compile_memory_budget",
@@ -164,16 +254,26 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"type": ["number", "null"], "minimum": 0, "maximum": 1},
         default=None,
+        needs={"compile": (True, "it is torch.compile's activation budget")},
+        describe=lambda r: (
+            None
+            if r.get("compile_memory_budget") is None
+            else f"memory budget {r['compile_memory_budget']}"
+        ),
+        label=lambda r: f"compile memory budget {r['compile_memory_budget']}",
+        undo="memopt.runtime.techniques:forget_compiled",
     ),
     Knob(
         "grad_accum",
-        "accumulation",
+        "grad_accum",
         (
             "Micro-batches per optimizer step: the technique's batch entries are micro-batches, a "
             "step trains grad_accum of them (the effective batch), and throughput counts all of them."
         ),
         {"type": "integer", "minimum": 1, "maximum": 1024},
         default=1,
+        describe=lambda r: f"{r.get('grad_accum', 1)} micro-batches",
+        label=lambda r: f"{r['grad_accum']} micro-batches per step",
     ),
     Knob(
         "parallel",
@@ -187,6 +287,8 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"enum": ["none", "ddp", "fsdp2"]},
         default="none",
+        describe=parallel_label,
+        label=lambda r: parallel_label(r) + ", batch per GPU",
     ),
     Knob(
         "shard",
@@ -200,6 +302,8 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"enum": ["none", "optimizer", "grads", "full"]},
         default="none",
+        column=True,  # in parallel's label
+        subordinate=True,
     ),
     Knob(
         "gpus",
@@ -210,6 +314,8 @@ KNOBS: tuple[Knob, ...] = (
         ),
         {"type": "integer", "minimum": 1, "maximum": 64},
         default=1,
+        column=True,  # in parallel's label
+        subordinate=True,
     ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
@@ -228,3 +334,17 @@ def defaults() -> dict:
 def function_knobs() -> tuple[str, ...]:
     """The knobs that define the function a technique computes."""
     return tuple(k.name for k in KNOBS if k.function)
+
+
+def groups() -> dict[str, list[str]]:
+    """The knobs of each mechanism, in registry order: techniques that differ in one group are a
+    single-knob change (memopt.report.results.incremental_effects)."""
+    out: dict[str, list[str]] = {}
+    for k in KNOBS:
+        out.setdefault(k.group, []).append(k.name)
+    return out
+
+
+def undo_calls() -> tuple[str, ...]:
+    """The "module:function"s that undo the knobs' process-wide effects, each once."""
+    return tuple(dict.fromkeys(k.undo for k in KNOBS if k.undo))

@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from memopt.errors import MemoptError
+from memopt.knobs import KNOBS
 from memopt.report.paper_analysis import (
     add_hfu,
     add_tf32_speedups,
@@ -33,7 +34,7 @@ from memopt.report.results import (
     analysis,
     capped_techniques,
     incremental_effects,
-    parallel_label,
+    ok_cells,
     read_json,
     read_summary,
     relative_to_baseline,
@@ -156,16 +157,7 @@ def _provenance(cells: list[dict]) -> dict:
 
 def _other_knobs(c: dict) -> str:
     """The knobs the technique table has no column for, where they are not at their default."""
-    parts = []
-    if c["offload"] != "none":
-        parts.append(f"offload {c['offload']}")
-    if c["grad_accum"] > 1:
-        parts.append(f"{c['grad_accum']} micro-batches per step")
-    if c["compile_memory_budget"] is not None:
-        parts.append(f"compile memory budget {c['compile_memory_budget']}")
-    if c["parallel"] != "none":
-        parts.append(parallel_label(c) + ", batch per GPU")
-    return "; ".join(parts)
+    return "; ".join(filter(None, (k.labels(c) for k in KNOBS)))
 
 
 def _techniques(cells: list[dict]) -> list[dict]:
@@ -188,6 +180,7 @@ def _techniques(cells: list[dict]) -> list[dict]:
                 + (" in backward" if c["optimizer_in_backward"] else ""),
                 "grad_accum": c["grad_accum"],
                 "other": _other_knobs(c),
+                "knobs": {k.name: k.value_in(c) for k in KNOBS},  # the values: facts, not labels
                 "kernels": [],
             },
         )
@@ -318,7 +311,7 @@ def build_context(
         "analysis": analysis(cells),
         "config_yaml": config_yaml(config),
         "increments": incremental_effects(cells),
-        "same_cells": [c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"],
+        "same_cells": list(ok_cells(cells).values()),
         "provenance": _provenance(cells),
         "where": gpus_used(cells, searches, runs),
     }

@@ -12,6 +12,7 @@ from memopt.report.results import (
     SPEC_KEYS,
     capped_techniques,
     entry_sort_key,
+    ok_cells,
     within_noise,
 )
 from memopt.runtime.flops import flops_per_token, recompute_flops_per_token
@@ -186,7 +187,7 @@ def tf32_reference(cells: list[dict], baseline: str) -> dict | None:
     knob equal. FP32 with TF32 off is the H100's slowest path; speed-ups are also given against
     this reference, the 'FP32/TF32' baseline most reports mean. Its name and its `same` cell."""
     knobs = SPEC_KEYS + list(LATER_SPEC_KEYS)
-    same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
+    same = ok_cells(cells)
     base = same.get(baseline)
     if base is None or base["precision"] != "fp32":
         return None

@@ -12,6 +12,7 @@ templates (technique names and numbers are the only data in it).
 from __future__ import annotations
 
 from memopt.report.paper_format import mib as _mib
+from memopt.report.results import ok_cells
 
 # Explicit attention kernels keep the T x T scores and probabilities; the others are fused.
 _EXPLICIT = {"math"}
@@ -233,7 +234,7 @@ def mechanisms(
 ) -> list[dict]:
     """One paragraph per technique with an ok `same` cell, in the cells' order (none without the
     baseline's). Parts that moved by less than 1% of the baseline's peak are not discussed."""
-    same = {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
+    same = ok_cells(cells)
     base = same.get(baseline)
     if base is None or not peak_parts(base):
         return []

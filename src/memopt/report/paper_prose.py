@@ -13,7 +13,7 @@ import jinja2
 
 from memopt.report.paper_format import tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts
-from memopt.report.results import within_noise
+from memopt.report.results import ok_cells, within_noise
 from memopt.runtime.flops import attention_flops_per_token, flops_per_token
 
 SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")
@@ -47,15 +47,11 @@ def md_to_tex(text: str) -> str:
     return re.sub("\0(\\d+)\0", lambda m: codes[int(m.group(1))], out)
 
 
-def _same(cells: list[dict]) -> dict[str, dict]:
-    return {c["technique"]: c for c in cells if c["batch_entry"] == "same" and c["status"] == "ok"}
-
-
 def _memory_terms(ctx: dict) -> dict | None:
     """What fills the memory, from the baseline's measured step at the `same` batch and its
     search: fixed (weights, gradients, optimizer state) and per sequence, and the two terms
     that dominate the activations at this sequence length (FP32 values, by shape)."""
-    base = _same(ctx["cells"]).get(ctx["baseline"])
+    base = ok_cells(ctx["cells"]).get(ctx["baseline"])
     parts = peak_parts(base) if base else {}
     if not parts or parts.get("gradients") is None:
         return None
@@ -79,28 +75,26 @@ def _memory_terms(ctx: dict) -> dict | None:
 
 def _knobs(techniques: list[dict], baseline: str) -> list[dict]:
     """The kinds of technique in the study, each with the techniques that use it."""
+    # Read from each technique's knob values (memopt.knobs), never from its labels.
     kinds = {
-        "precision": ("16-bit autocast", lambda t: t["precision"] in ("bf16", "fp16")),
-        "fp8": ("FP8 matmuls", lambda t: t["precision"] == "fp8"),
-        "tf32": ("TF32 matmuls", lambda t: t["precision"] == "tf32"),
-        "fused": (
-            "a fused attention kernel",
-            lambda t: t["attention"] != "math" and t["window"] is None,
-        ),
-        "window": ("sliding-window attention", lambda t: t["window"] is not None),
-        "checkpointing": ("activation checkpointing", lambda t: t["checkpointing"] != "none"),
-        "loss": ("a chunked or fused loss", lambda t: t["loss"] != "standard"),
-        "lowbit": ("a low-bit optimizer", lambda t: t["optimizer"].split()[0].endswith("bit")),
-        "lighter": ("a lighter optimizer", lambda t: t["optimizer"].split()[0] in ("adafactor", "sgd")),
-        "in_backward": ("updates in the backward pass", lambda t: "in backward" in t["optimizer"]),
-        "compile": ("compilation", lambda t: t["compiled"] == "yes"),
-        "offload": ("offloading", lambda t: "offload" in t["other"]),
-        "accumulation": ("gradient accumulation", lambda t: "micro-batches" in t["other"]),
-        "parallel": ("data parallelism", lambda t: "per GPU" in t["other"]),
+        "precision": ("16-bit autocast", lambda k: k["precision"] in ("bf16", "fp16")),
+        "fp8": ("FP8 matmuls", lambda k: k["precision"] == "fp8"),
+        "tf32": ("TF32 matmuls", lambda k: k["precision"] == "tf32"),
+        "fused": ("a fused attention kernel", lambda k: k["attention"] != "math" and k["window"] is None),
+        "window": ("sliding-window attention", lambda k: k["window"] is not None),
+        "checkpointing": ("activation checkpointing", lambda k: k["checkpointing"] != "none"),
+        "loss": ("a chunked or fused loss", lambda k: k["loss"] != "standard"),
+        "lowbit": ("a low-bit optimizer", lambda k: k["optimizer"] in ("adamw8bit", "adamw4bit")),
+        "lighter": ("a lighter optimizer", lambda k: k["optimizer"] in ("adafactor", "sgd")),
+        "in_backward": ("updates in the backward pass", lambda k: k["optimizer_in_backward"]),
+        "compile": ("compilation", lambda k: k["compile"]),
+        "offload": ("offloading", lambda k: k["offload"] != "none"),
+        "accumulation": ("gradient accumulation", lambda k: k["grad_accum"] > 1),
+        "parallel": ("data parallelism", lambda k: k["parallel"] != "none"),
     }  # fmt: skip
     out = []
     for key, (name, uses) in kinds.items():
-        names = [t["name"] for t in techniques if t["name"] != baseline and uses(t)]
+        names = [t["name"] for t in techniques if t["name"] != baseline and uses(t["knobs"])]
         if names:
             out.append({"key": key, "name": name, "techniques": names})
     return out
@@ -113,7 +107,7 @@ GAIN = 0.05
 def _batch_speed(cells: list[dict]) -> dict | None:
     """How throughput changes from the `same` batch to each technique's own maximum batch, and
     which techniques gain from it beyond noise."""
-    same = _same(cells)
+    same = ok_cells(cells)
     ratios = [
         (c, c["tokens_per_s"] / same[c["technique"]]["tokens_per_s"] - 1)
         for c in cells
@@ -286,7 +280,7 @@ def story(ctx: dict) -> dict:
         for s in ctx["searches"]
         if s.get("per_sample_mib") is not None
     ]  # fmt: skip
-    same = _same(ctx["cells"])
+    same = ok_cells(ctx["cells"])
     bf16 = next(
         (
             c

@@ -12,7 +12,8 @@ import pandas as pd
 
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-exported)
-from memopt.knobs import KNOBS
+from memopt.knobs import BY_NAME, KNOBS
+from memopt.knobs import groups as knob_groups
 from memopt.report.steady import instability, median_interval
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
@@ -200,7 +201,9 @@ def read_summary(summary_csv: Path) -> pd.DataFrame:
     return frame
 
 
-def _ok(cells: list[dict], entry: str) -> dict[str, dict]:
+def ok_cells(cells: list[dict], entry: str = "same") -> dict[str, dict]:
+    """The cells of batch entry `entry` that trained (status ok), by technique, in study order:
+    the view every comparison at one batch starts from."""
     return {c["technique"]: c for c in cells if c["batch_entry"] == entry and c["status"] == "ok"}
 
 
@@ -214,7 +217,7 @@ def _change(cell: dict, ref: dict) -> dict:
 
 def relative_to_baseline(cells: list[dict], baseline: str) -> list[dict]:
     """Every ok cell against the baseline's `same` cell (the baseline at its maximum batch)."""
-    ref = _ok(cells, "same").get(baseline)
+    ref = ok_cells(cells).get(baseline)
     if ref is None:
         return []
     return [
@@ -229,55 +232,10 @@ def relative_to_baseline(cells: list[dict], baseline: str) -> list[dict]:
     ]
 
 
-# Knob groups: a technique differs from another in one group -> that group's incremental effect.
-KNOB_GROUPS = {
-    "precision": ["precision"],
-    "attention": ["attention", "window"],
-    "checkpointing": ["checkpointing", "checkpoint_every"],
-    "compile": ["compile", "compile_memory_budget"],
-    "loss": ["loss", "loss_chunk"],
-    "optimizer": ["optimizer", "optimizer_in_backward"],
-    "offload": ["offload"],
-    "grad_accum": ["grad_accum"],
-    "parallel": ["parallel", "shard", "gpus"],
-}
-
-
-SUBORDINATE_KNOBS = (
-    "checkpoint_every",
-    "loss_chunk",
-    "shard",
-    "gpus",
-)  # named in a change only by their group
-
-
-def parallel_label(cell: dict) -> str:
-    """`one GPU`, `ddp on 2 GPUs`, `fsdp2 (shard full) on 4 GPUs`."""
-    mode = cell.get("parallel", "none")
-    if mode == "none":
-        return "one GPU"
-    shard = cell.get("shard", "none")
-    return f"{mode}{'' if shard == 'none' else f' (shard {shard})'} on {cell.get('gpus')} GPUs"
-
-
 def _describe(cell: dict, keys: list[str]) -> str:
-    # The kernel that ran says more than the one asked for (`auto`).
-    value = {
-        **cell,
-        "attention": cell.get("kernel") or cell["attention"],
-        "optimizer_in_backward": "in backward" if cell.get("optimizer_in_backward") else None,
-        "compile": "compile" if cell.get("compile") else "no compile",
-        "compile_memory_budget": None
-        if cell.get("compile_memory_budget") is None
-        else f"memory budget {cell['compile_memory_budget']}",
-        "offload": f"offload {cell.get('offload')}",
-        "grad_accum": f"{cell.get('grad_accum')} micro-batches",
-        "parallel": parallel_label(cell),
-    }
-    parts = [str(value[k]) for k in keys if value[k] is not None and k not in SUBORDINATE_KNOBS]
-    if cell.get("window") is not None and "window" in keys:
-        parts[-1] = f"window {cell['window']}"
-    return " + ".join(parts)
+    """The knobs `keys` of a cell as a change names them (memopt.knobs: each knob's describe)."""
+    knobs = [BY_NAME[k] for k in keys if not BY_NAME[k].subordinate]
+    return " + ".join(filter(None, (k.describes(cell) for k in knobs)))
 
 
 def capped_techniques(searches: list[dict]) -> frozenset:
@@ -297,7 +255,7 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
     """At the `same` batch, every pair of techniques whose knobs differ in exactly one group
     (precision, attention kernel/window, checkpointing, compile): the effect of that change, from
     the technique listed first to the one listed later."""
-    same = _ok(cells, "same")
+    same = ok_cells(cells)
     order = list(same)  # the config's technique order: a change goes from earlier to later
     rows = []
     for base_name, base in same.items():
@@ -306,13 +264,12 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
                 continue
             groups = [
                 g
-                for g, keys in KNOB_GROUPS.items()
-                if any(cell.get(k, LATER_SPEC_KEYS.get(k)) != base.get(k, LATER_SPEC_KEYS.get(k))
-                       for k in keys)
-            ]  # fmt: skip
+                for g, keys in knob_groups().items()
+                if any(BY_NAME[k].value_in(cell) != BY_NAME[k].value_in(base) for k in keys)
+            ]
             if len(groups) != 1:
                 continue
-            keys = KNOB_GROUPS[groups[0]]
+            keys = knob_groups()[groups[0]]
             rows.append(
                 {
                     "technique": name,
@@ -330,7 +287,7 @@ def analysis(cells: list[dict]) -> dict:
     """What the numbers say at the `same` batch, for the generated analysis text: the best
     technique on each axis, whether the runner-up is within measured noise (the two step-time
     standard deviations added), and the memory-speed Pareto set over every ok cell."""
-    same = list(_ok(cells, "same").values())
+    same = list(ok_cells(cells).values())
     result = {"fastest": None, "lowest_memory": None, "pareto": []}
     if same:
         by_speed = sorted(same, key=lambda c: c["step_time_ms_mean"])

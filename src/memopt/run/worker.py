@@ -4,8 +4,9 @@ a job beyond its own measured time in the first H100 study).
 
 Each job is still its own Snakemake job with its own log, benchmark and output file; the script
 only hands the call to the worker and relays the log while it runs. Between jobs the worker puts
-the process back as a fresh one would find it (memory cache, peak statistics, memory fraction,
-cached masks, compiled graphs, the flash-attention implementation, global backend flags), and a
+the process back as a fresh one would find it (each knob's process-wide effect undone as the knob
+registry says, the environment, threads, cached masks and weights, memory cache, peak statistics,
+memory fraction), and a
 new worker starts whenever the memopt sources, the Python, the torch version, the allocator
 settings or the environment a job reads differ from the running one's. Nothing is half-written:
 outputs are written atomically at the end of a job, and a worker whose client goes away (Ctrl-C, a
@@ -239,40 +240,50 @@ def _run_remote(path: Path, request: dict, log: Path) -> dict | None:
 # --- the worker process ---------------------------------------------------------------------
 
 
-def _flags() -> tuple:
-    """Process-wide settings a job may change (a technique sets TF32; a cell sets its threads)."""
+def _process_state() -> dict:
+    """What a job may change in the process beyond its knobs (a cell sets its threads and the
+    allocator's settings in the environment; a job runs in its own working directory)."""
     import torch
 
-    b = torch.backends
-    return b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark, torch.get_num_threads()
+    return {
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "threads": torch.get_num_threads(),
+        "environ": dict(os.environ),
+        "cwd": os.getcwd(),
+    }
 
 
-def _restore(flags: tuple) -> None:
-    """Put the process back as a new one would find it before the next job."""
+def _restore(state: dict) -> None:
+    """Put the process back as a new one would find it before the next job: every knob's
+    process-wide effect undone as the registry says (memopt.knobs: undo), then what any job
+    changes (memopt.runtime.model: initial weights; memopt.runtime.measure: the job's start)."""
+    import importlib
+
     import torch
 
-    from memopt.runtime.offload import empty_host_cache
+    from memopt.knobs import undo_calls
+    from memopt.runtime.measure import mark_job_started
+    from memopt.runtime.model import forget_initial
 
-    b = torch.backends
-    b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark, threads = flags
-    torch.set_num_threads(threads)
+    for call in undo_calls():
+        module, _, name = call.partition(":")
+        getattr(importlib.import_module(module), name)()
+    torch.backends.cudnn.benchmark = state["cudnn_benchmark"]
+    torch.set_num_threads(state["threads"])
+    for key in set(os.environ) - set(state["environ"]):
+        del os.environ[key]
+    os.environ.update(state["environ"])
+    os.chdir(state["cwd"])
+    forget_initial()
+    mark_job_started(None)
     for module in [m for name, m in sys.modules.items() if name.startswith("memopt.")]:
         for value in vars(module).values():  # lru caches may hold device tensors (masks)
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
-    # Compiled graphs go too, as a fresh process has none: a job finds an earlier job's graphs
-    # in inductor's disk cache, as a fresh process would (its counters count per job).
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    torch._functorch.config.activation_memory_budget = 1.0  # a compiled job's budget
-    restore_impl = getattr(torch.nn.attention, "restore_flash_attention_impl", None)
-    if restore_impl is not None:  # a flash_attn job may have activated FA3/FA4 for SDPA
-        restore_impl()
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        empty_host_cache()  # an offloading job's pinned buffers
         torch.cuda.set_per_process_memory_fraction(1.0)  # a search lowers it for its trials
         torch.cuda.reset_peak_memory_stats()
 
@@ -313,7 +324,7 @@ def _watch(conn: socket.socket, done: threading.Event) -> None:
 def serve(path: Path, fp: str, idle_s: float) -> None:
     import torch  # noqa: F401 (imported once, before the first job: that is the point)
 
-    flags, jobs = _flags(), 0
+    state, jobs = _process_state(), 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv, _removed(path):
         srv.bind(str(path))
         srv.listen(4)
@@ -348,7 +359,7 @@ def serve(path: Path, fp: str, idle_s: float) -> None:
                 threading.Thread(target=_watch, args=(conn, done), daemon=True).start()
                 t0 = time.perf_counter()
                 reply = _job(request, jobs)
-                _restore(flags)
+                _restore(state)
                 jobs += 1
                 done.set()
                 print(f"job {jobs}: {request['call']} -> {request['log']} "

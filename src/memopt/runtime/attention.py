@@ -94,6 +94,14 @@ def _activate(impl: str) -> None:
     torch.nn.attention.activate_flash_attention_impl(impl)
 
 
+def restore_flash_impl() -> None:
+    """SDPA's own flash kernel again, as a new process has it (the `attention` knob's undo)."""
+    _activate.cache_clear()
+    restore = getattr(torch.nn.attention, "restore_flash_attention_impl", None)
+    if restore is not None:
+        restore()
+
+
 def flash_attn_attention(q, k, v, window=None):
     impl = flash_attn_impl()
     if impl is None:

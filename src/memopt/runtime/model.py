@@ -150,6 +150,11 @@ class Decoder(nn.Module):
 _INITIAL: dict[tuple, dict] = {}  # initial weights per (shapes, seed), kept for this process
 
 
+def forget_initial() -> None:
+    """No initial weights kept, as in a new process (the warm worker, between jobs)."""
+    _INITIAL.clear()
+
+
 def build_model(cfg: ModelConfig, seed: int, device: str) -> Decoder:
     """Identical initial weights for every technique: seeded, initialized on the CPU once per
     process and shapes, then copied (a search builds one model per trial)."""

@@ -31,6 +31,15 @@ def is_16bit(precision: str) -> bool:
     return precision in AUTOCAST_DTYPES
 
 
+# TF32 as this process found it: set_precision_flags changes a global switch.
+_INITIAL_TF32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+
+def restore_flags() -> None:
+    """TF32 as the process started with it (the `precision` knob's undo)."""
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = _INITIAL_TF32
+
+
 def set_precision_flags(precision: str) -> None:
     # fp32 means true FP32 matmuls: TF32 must be off explicitly (it is a global switch).
     tf32 = precision == "tf32"

@@ -63,6 +63,15 @@ def set_compile_memory_budget(budget: float | None) -> None:
     torch._functorch.config.activation_memory_budget = 1.0 if budget is None else budget
 
 
+def forget_compiled() -> None:
+    """No compiled graph, cache counter or memory budget of an earlier job, as in a new process
+    (the undo of the `compile` and `compile_memory_budget` knobs). The next job finds earlier
+    graphs in inductor's disk cache, as a new process would."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    set_compile_memory_budget(None)
+
+
 def dynamic_batch(*tensors: torch.Tensor) -> None:
     """Mark the batch dimension of a compiled model's inputs dynamic: one graph (and inductor's
     on-disk cache entry) serves every batch size of 2 or more, so a search's trials, the exactness
