@@ -17,7 +17,8 @@ import pytest
 import zstandard
 from speakleash.config_loader import ConfigLoader
 
-from memopt.data.corpus import normalize_text, prepare_corpus
+from memopt.data.corpus import prepare_corpus
+from memopt.data.text import normalize_text
 from memopt.errors import CorpusError
 
 

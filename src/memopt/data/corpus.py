@@ -15,7 +15,6 @@ import re
 import socket
 import threading
 import types
-import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +28,7 @@ from speakleash.downloader import structure_downloader
 from tqdm import tqdm
 
 from memopt.data.corpus_file import BrokenFile, records
+from memopt.data.text import normalize_text, truncate
 from memopt.errors import CorpusError
 from memopt.fileio import atomic_path, write_json
 from memopt.redact import redact
@@ -37,14 +37,6 @@ QUALITY_LEVELS = ("HIGH", "MEDIUM", "LOW")
 
 # StructureDownloader caches every fetched JSON as <md5 of url>-<date stamp>.json, failures as `null`.
 _STRUCTURE_CACHE = re.compile(r"^[0-9a-f]{32}-\d\d_\d\d_\d\d(_\d\d)?\.json$")
-# Invisible characters that only add noise to a tokenizer: soft hyphen, zero-width space, BOM.
-_INVISIBLE_CHARS = "\u00ad\u200b\ufeff"
-_INVISIBLE = re.compile(f"[{_INVISIBLE_CHARS}]")
-_BREAK_CHARS = "\r\u2028\u2029\x85\v\f"
-_LINE_BREAKS = re.compile(rf"\r\n|[{_BREAK_CHARS}]")
-_ODD_SPACE = re.compile(r"[^\S\n ]")  # whitespace other than a newline or a space (tab, NBSP, ...)
-_SPACES = re.compile(" {2,}")
-_BLANK_LINES = re.compile(r"\n{3,}")
 
 
 def offline_hint(dataset: str) -> str:
@@ -59,34 +51,6 @@ def offline_hint(dataset: str) -> str:
         "The CPU smoke study reads the mirror beside the checkout: snakemake --profile "
         "profiles/smoke"
     )
-
-
-def normalize_text(text: str) -> str:
-    """Canonical form of a document: NFC, no invisible characters, single spaces, <= 1 blank line.
-
-    Each pass runs only where its characters occur (`in` is far cheaper than a regex scan): a
-    novel-sized corpus is cleaned in a second rather than ten."""
-    if any(c in text for c in _BREAK_CHARS):
-        text = _LINE_BREAKS.sub("\n", text)
-    if any(c in text for c in _INVISIBLE_CHARS):
-        text = _INVISIBLE.sub("", text)
-    if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
-    text = _SPACES.sub(" ", _ODD_SPACE.sub(" ", text))  # any run of horizontal space: one space
-    text = text.replace(" \n", "\n")  # (at most one space is left before a line break)
-    if "\n\n\n" in text:
-        text = _BLANK_LINES.sub("\n\n", text)
-    return text.strip()
-
-
-def _truncate(text: str, max_chars: int) -> str:
-    """Cut text to at most max_chars, at the last paragraph, line or word break when there is one."""
-    head = text[:max_chars]
-    for sep in ("\n\n", "\n", " "):
-        cut = head.rfind(sep)
-        if cut > 0:
-            return head[:cut].rstrip()
-    return head
 
 
 def _sha256(text: str) -> str:
@@ -304,7 +268,7 @@ def _select(stream, cfg: dict, counts: dict) -> list[dict]:
         if max_chars is not None and len(text) > max_chars - kept_chars:
             # The document crossing max_chars is cut to fit (at a paragraph break when possible)
             # rather than dropped: with a few long novels, dropping could leave too few documents.
-            text = _truncate(text, max_chars - kept_chars)
+            text = truncate(text, max_chars - kept_chars)
             if len(text) < max(cfg["min_chars"], 1):
                 counts["capped"] = "max_chars"
                 break

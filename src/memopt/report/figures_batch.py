@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import StrMethodFormatter
 
+from memopt.knobs import KNOBS
 from memopt.report.figures_style import (
     _entry_label,
     _main_entry,
@@ -148,15 +149,11 @@ def _speed_batch_figure(summary) -> Figure:
 
 
 def window_group(summary) -> list:
-    """The windowed techniques and their full-attention counterparts (same precision,
-    checkpointing, compilation, optimizer, loss and offloading), at the main entry, ordered by
-    window (full last)."""
+    """The windowed techniques and their full-attention counterparts (every knob the same but
+    the attention's: memopt.knobs), at the main entry, ordered by window (full last)."""
     rows = summary[summary["batch_entry"] == _main_entry(summary)]
     windowed = rows[rows["window"].notna()]
-    same_knobs = [
-        k for k in ("precision", "checkpointing", "compile", "optimizer", "loss", "offload")
-        if k in rows.columns
-    ]  # fmt: skip
+    same_knobs = [k.name for k in KNOBS if k.group != "attention" and k.name in rows.columns]
     keys = {tuple(r) for r in windowed[same_knobs].astype(str).itertuples(index=False)}
     full = rows[rows["window"].isna()]
     full = full[[tuple(r) in keys for r in full[same_knobs].astype(str).itertuples(index=False)]]

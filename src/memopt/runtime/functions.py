@@ -10,9 +10,11 @@ quality run; the exactness check verifies that they do. Torch-free: the Snakefil
 
 from __future__ import annotations
 
-from memopt.knobs import defaults, function_knobs
+from memopt.knobs import KNOBS, defaults, function_knobs
 
 FUNCTION = function_knobs()  # precision, window, optimizer: what the function is
+# The knobs that change how a function is computed (their subordinates follow them).
+HOW = tuple(k for k in KNOBS if not k.function and not k.subordinate)
 
 
 def function_of(spec: dict) -> str:
@@ -51,17 +53,7 @@ def reference_technique(techniques: dict[str, dict], technique: str) -> str:
     A technique that is its own reference passes trivially."""
     members = functions(techniques)[function_of(techniques[technique])]
 
-    def plainness(name):
-        s = techniques[name]
-        return (
-            s.get("attention", "math") != "math",
-            s.get("checkpointing", "none") != "none",
-            bool(s.get("compile", False)),
-            s.get("loss", "standard") != "standard",
-            bool(s.get("optimizer_in_backward", False)),
-            s.get("offload", "none") != "none",
-            s.get("grad_accum", 1) > 1,
-            s.get("parallel", "none") != "none",
-        )
+    def plainness(name):  # which of the how-knobs are away from their default, registry order
+        return tuple(k.value_in(techniques[name]) != k.default for k in HOW)
 
     return min(members, key=lambda n: (plainness(n), members.index(n)))

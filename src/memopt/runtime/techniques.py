@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from memopt.errors import MemoptError
+from memopt.knobs import KNOBS
 from memopt.runtime.attention import resolve_kernel
 from memopt.runtime.losses import check_loss
 from memopt.runtime.model import Decoder, ModelConfig, build_model
@@ -129,18 +130,10 @@ def apply_technique(
         model = torch.compile(model)
     record = {
         "kernel": kernel,
-        "precision": spec["precision"],
+        **{k.name: spec[k.name] for k in KNOBS},  # every knob as it ran
         "tf32": torch.backends.cuda.matmul.allow_tf32,
-        "compile": spec["compile"],
-        "compile_memory_budget": spec["compile_memory_budget"],
-        "loss": cfg.loss,
         "loss_scaling": spec["precision"] == "fp16",
         "fp8_linear_layers": fp8_layers,
-        "grad_accum": spec["grad_accum"],
-        "offload": spec["offload"],
-        "parallel": spec["parallel"],
-        "shard": spec["shard"],
-        "gpus": spec["gpus"],
     }
     return Applied(
         model,
