@@ -370,3 +370,39 @@ def test_config_knows_the_16bit_precisions_and_the_cpu_kernels():
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # allowed on a CPU, also in FP32
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def test_compile_mode_is_the_mode_torch_compile_gets(monkeypatch):
+    """compile_mode reaches torch.compile as its mode, is recorded, and is refused without
+    compile (it is torch.compile's mode)."""
+    seen = []
+    real = torch.compile
+
+    def compile_spy(model, **kwargs):
+        seen.append(kwargs)
+        return real(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        spec = full_spec({"compile": True, "compile_mode": mode})
+        applied = apply_technique(spec, TINY, VOCAB, 5, "cpu")
+        assert seen[-1] == {"mode": mode} and applied.record["compile_mode"] == mode
+    with pytest.raises(ConfigError, match=r"compile_mode: 'reduce-overhead' needs .*compile true"):
+        validate_config({"techniques": {"a": {"compile_mode": "reduce-overhead"}}})
+
+
+def test_compile_mode_is_named_as_a_compile_change_and_in_the_technique_table():
+    from memopt.knobs import BY_NAME
+    from memopt.report.results import incremental_effects
+
+    row = {"compile": True, "compile_mode": "reduce-overhead"}
+    assert BY_NAME["compile_mode"].labels(row) == "compile mode reduce-overhead"
+    assert BY_NAME["compile_mode"].labels({"compile_mode": "default"}) is None
+    base = dict(technique="compiled", batch_entry="same", status="ok", compile=True,
+                tokens_per_s=100.0, peak_allocated_mib=1000.0)  # fmt: skip
+    graphs = dict(base, technique="graphs", compile_mode="reduce-overhead", tokens_per_s=120.0)
+    older = {k: v for k, v in base.items() if k != "compile"}  # a cell from before compile: off
+    rows = incremental_effects([base, graphs, dict(older, technique="eager")])
+    (change,) = [r for r in rows if r["technique"] == "graphs"]
+    assert change["knob"] == "compile" and change["over"] == "compiled"
+    assert change["change"] == "compile → compile + mode reduce-overhead"

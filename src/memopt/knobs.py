@@ -317,6 +317,22 @@ KNOBS: tuple[Knob, ...] = (
         column=True,  # in parallel's label
         subordinate=True,
     ),
+    Knob(
+        "compile_mode",
+        "compile",
+        (
+            "torch.compile's mode: default; reduce-overhead (CUDA graphs: fewer kernel launches, a "
+            "memory pool kept per graph); max-autotune (Triton matmul autotuning, CUDA graphs); "
+            "max-autotune-no-cudagraphs. Needs compile true."
+        ),
+        {"enum": ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]},
+        default="default",
+        needs={"compile": (True, "it is torch.compile's mode")},
+        describe=lambda r: (
+            None if r.get("compile_mode", "default") == "default" else f"mode {r['compile_mode']}"
+        ),
+        label=lambda r: f"compile mode {r['compile_mode']}",
+    ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 

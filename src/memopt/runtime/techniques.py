@@ -127,7 +127,7 @@ def apply_technique(
     set_compile_memory_budget(spec["compile_memory_budget"])
     model = wrap(model, spec, device)
     if spec["compile"]:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=spec["compile_mode"])
     record = {
         "kernel": kernel,
         **{k.name: spec[k.name] for k in KNOBS},  # every knob as it ran
