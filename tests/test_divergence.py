@@ -135,8 +135,10 @@ def test_the_paper_shows_diverged_runs_as_such(tiny_study, tmp_path):
 
     rows = md_table(text, "timed steps")
     [diverged] = [r for r in rows if r["technique"] == "local128" and r["entry"] == "same"]
-    assert diverged["status"] == f"**diverged** at step {cell_run['diverged_step']}"
-    assert f"training loss non-finite at step {cell_run['diverged_step']}" in tex
+    step = cell_run["diverged_step"]
+    assert diverged["status"] == "**diverged**"  # the step in one cell across the measurements
+    assert diverged["peak allocated (MiB)"] == f"training loss non-finite at step {step}"
+    assert f"training loss non-finite at step {step}" in tex
     seed = int(q_path.stem)
     quality = {r["function"]: r for r in md_table(text, "verdict")}
     assert quality["bf16"]["verdict"] == f"diverged (seed {seed})"
@@ -144,7 +146,7 @@ def test_the_paper_shows_diverged_runs_as_such(tiny_study, tmp_path):
     step = quality_run["diverged_step"]
     sentence = f"its training loss became non-finite at step {step} (diverged)"
     assert f"Seed {seed} of `bf16` did not finish: {sentence}" in text
-    assert f"Seed {seed} of bf16 did not finish: {sentence}" in tex
+    assert f"Seed {seed} of \\texttt{{bf16}} did not finish: {sentence}" in tex
     for doc in (text, tex):
         assert not re.search(r"\b(nan|NaN|inf)\b", doc)
 

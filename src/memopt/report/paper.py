@@ -16,6 +16,7 @@ import jinja2
 
 from memopt.errors import MemoptError
 from memopt.knobs import KNOBS
+from memopt.report import paper_tables, tables
 from memopt.report.paper_analysis import (
     add_hfu,
     add_tf32_speedups,
@@ -368,6 +369,7 @@ def render_paper(
         quality_csv=quality_csv,
         exactness_paths=exactness_paths,
     )
+    context["tables"] = paper_tables.build(context)  # defined once, rendered to both formats
     prose = render_prose(make_environment(Path(templates_dir), False), context, _render)
     texts = {}
     for out, template, latex, ext in (
@@ -376,6 +378,7 @@ def render_paper(
     ):
         figures = figure_paths(figures_dir, out, ext)
         env = make_environment(Path(templates_dir), latex)
+        env.filters["table"] = tables.latex if latex else tables.markdown
         text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
         texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text})
     for out, text in texts.items():

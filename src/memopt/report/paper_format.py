@@ -88,6 +88,8 @@ _TEX_UNICODE = {
     "Δ": r"$\Delta$",
     "−": "-",
     "…": r"\dots{}",
+    "–": "--",
+    "†": r"$^\dagger$",
 }
 
 _TEX_CHARS = {**_TEX_SPECIAL, **_TEX_UNICODE}
@@ -97,6 +99,35 @@ _TEX_RE = re.compile("|".join(map(re.escape, _TEX_CHARS)))
 def tex(value) -> str:
     """Escape LaTeX special characters in one pass (so the backslashes we add stay intact)."""
     return "n/a" if value is None else _TEX_RE.sub(lambda m: _TEX_CHARS[m.group()], str(value))
+
+
+_CODE_RE = re.compile(r"`([^`]+)`")
+_BOLD_RE = re.compile(r"\*\*(.+?)\*\*")
+_EM_RE = re.compile(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")
+
+
+def _tex_code(text: str) -> str:
+    """A code span: typewriter, with break points in long unbroken names (hashes, paths)."""
+    escaped = tex(text)
+    if len(text) > 16 and " " not in text:
+        escaped = re.sub(r"((?:\\[a-z]+\{\}|\\.|[^\\]){8})", r"\1\\allowbreak{}", escaped)
+    return r"\texttt{" + escaped + "}"
+
+
+def md_to_tex(text: str) -> str:
+    """The Markdown subset the prose templates use (paragraphs, **bold**, *emphasis*, `code`)
+    as LaTeX: everything else is escaped, so a value can never inject TeX. Code spans are set
+    aside first (as NUL-delimited indices), so bold and emphasis may enclose them."""
+    codes: list[str] = []
+
+    def aside(m: re.Match) -> str:
+        codes.append(_tex_code(m.group(1)))
+        return f"\0{len(codes) - 1}\0"
+
+    out = tex(_CODE_RE.sub(aside, text))
+    out = _BOLD_RE.sub(r"\\textbf{\1}", out)
+    out = _EM_RE.sub(r"\\emph{\1}", out)
+    return re.sub("\0(\\d+)\0", lambda m: codes[int(m.group(1))], out)
 
 
 def tex_name(value) -> str:

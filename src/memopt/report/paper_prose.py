@@ -7,44 +7,14 @@ the prose argues with are derived here (story) from the same context as the tabl
 
 from __future__ import annotations
 
-import re
-
 import jinja2
 
-from memopt.report.paper_format import tex
+from memopt.report.paper_format import md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts
 from memopt.report.results import ok_cells, within_noise
 from memopt.runtime.flops import attention_flops_per_token, flops_per_token
 
 SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")
-
-_CODE_RE = re.compile(r"`([^`]+)`")
-_BOLD_RE = re.compile(r"\*\*(.+?)\*\*")
-_EM_RE = re.compile(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")
-
-
-def _tex_code(text: str) -> str:
-    """A code span: typewriter, with break points in long unbroken names (hashes, paths)."""
-    escaped = tex(text)
-    if len(text) > 16 and " " not in text:
-        escaped = re.sub(r"((?:\\[a-z]+\{\}|\\.|[^\\]){8})", r"\1\\allowbreak{}", escaped)
-    return r"\texttt{" + escaped + "}"
-
-
-def md_to_tex(text: str) -> str:
-    """The Markdown subset the prose templates use (paragraphs, **bold**, *emphasis*, `code`)
-    as LaTeX: everything else is escaped, so a value can never inject TeX. Code spans are set
-    aside first (as NUL-delimited indices), so bold and emphasis may enclose them."""
-    codes: list[str] = []
-
-    def aside(m: re.Match) -> str:
-        codes.append(_tex_code(m.group(1)))
-        return f"\0{len(codes) - 1}\0"
-
-    out = tex(_CODE_RE.sub(aside, text))
-    out = _BOLD_RE.sub(r"\\textbf{\1}", out)
-    out = _EM_RE.sub(r"\\emph{\1}", out)
-    return re.sub("\0(\\d+)\0", lambda m: codes[int(m.group(1))], out)
 
 
 def _memory_terms(ctx: dict) -> dict | None:

@@ -1,0 +1,153 @@
+"""The paper's tables of effects (memopt.report.tables; built by memopt.report.paper_tables):
+each cell against the baseline (Table 6), single-knob changes (Table 7), memory by kind (Table 8),
+recommendations (Table 9), and the comparison with earlier reports."""
+
+from __future__ import annotations
+
+from memopt.report.paper_format import num
+from memopt.report.tables import Table
+
+
+def _x(value) -> str:
+    return f"{num(value, 2)}x"
+
+
+def relative_table(ctx: dict) -> Table:
+    tf32, gpu = ctx["tf32"], ctx["gpu"]
+    caption = (
+        "each cell against the baseline at its maximum batch "
+        f"({num(ctx['findings']['batch_size'], 0)}): throughput\nspeed-up and peak-memory "
+        "reduction (quality is a property of the function: Table 3).\n"
+    )
+    if tf32:
+        caption += (
+            "The baseline computes in true FP32 (TF32 off), the slowest matmul path of a GPU with "
+            f'tensor cores; "vs TF32" is the speed-up against `{tf32["technique"]}`,\nthe same '
+            f"baseline with TF32 matmuls ({num(tf32['cell']['tokens_per_s'], 0)} tokens/s at the "
+            'same batch), the "FP32/TF32" baseline most reports mean.'
+        )
+    else:
+        slowest = ", the slowest matmul path of a GPU with tensor cores" if gpu else ""
+        caption += (
+            f"The baseline computes in true FP32 (TF32 off){slowest}; this study has no TF32 "
+            "reference (the baseline with\n`precision: tf32`), so speed-ups against an FP32/TF32 "
+            "baseline are not given."
+        )
+    rows = [
+        [r["technique"], r["batch_entry"], num(r["batch_size"], 0), _x(r["speedup"])]
+        + [_x(r.get("speedup_tf32"))] * bool(tf32)
+        + [f"{num(r['memory_reduction_pct'], 1)}%"]
+        for r in ctx["relative"]
+    ]
+    columns = ["technique", "entry", "batch", "speed-up"] + ["vs TF32"] * bool(tf32)
+    columns.append("memory reduction")
+    return Table(columns, "llrr" + "r" * bool(tf32) + "r", rows, caption, 6, "relative")
+
+
+def increments_table(ctx: dict) -> Table:
+    rows = [
+        [r["technique"], r["over"], r["knob"], r["change"], _x(r["speedup"]),
+         f"{num(r['memory_reduction_pct'], 1)}%"]
+        for r in ctx["increments"]
+    ]  # fmt: skip
+    caption = "incremental effects at the same batch: pairs of techniques that differ in one knob."
+    columns = ["technique", "over", "knob", "change", "speed-up", "memory reduction"]
+    return Table(columns, "llllrr", rows, caption, 7, "increments", layout="resize")
+
+
+def memory_table(ctx: dict) -> Table:
+    cells = ctx["same_cells"]
+    offloaded = any(c.get("offloaded_mib") for c in cells)
+    output = any(c.get("logits_grad_mib") is not None for c in cells)
+    freed = any(c.get("logits_mib") is not None and c["logits_mib"] < 0 for c in cells)
+    kept = (
+        "of them what the output layer (final LayerNorm, logits, loss) kept, measured around it, "
+        "and what its backward pass needed on top (the logits' gradient; n/a: a compiled step, "
+        "not measured)"
+        if output
+        else "of them the logits (computed from their shape, not measured)"
+    )
+    caption = (
+        "memory at the same batch, from one measured step (MiB): weights, gradients, optimizer "
+        f"state,\nthe activations kept for the backward pass, {kept}, allocated memory after the\n"
+        "forward and the backward pass, and the peak"
+        + ("; offloaded: what one forward pass kept in host memory instead" if offloaded else "")
+        + (
+            "; a negative output layer kept nothing: memory that the blocks held until then was "
+            "freed while it ran (counted as 0 in the text and figures)"
+            if freed
+            else ""
+        )
+        + "."
+    )
+    columns = ["technique", "weights", "gradients", "optimizer state", "activations"]
+    columns += ["output layer", "its backward"] if output else ["logits"]
+    columns += ["offloaded"] * offloaded + ["after forward", "after backward", "peak"]
+    rows = []
+    for c in cells:
+        row = [c["technique"]] + [
+            num(c[k], 0) for k in ("weights_mib", "gradients_mib", "optimizer_state_mib",
+                                   "activations_mib", "logits_mib")
+        ]  # fmt: skip
+        row += [num(c.get("logits_grad_mib"), 0)] * output
+        row += [num(c.get("offloaded_mib"), 0)] * offloaded
+        row += [num(c[k], 0) for k in ("phase_after_forward_mib", "phase_after_backward_mib")]
+        rows.append(row + [num(c["peak_allocated_mib"], 0)])
+    return Table(
+        columns, "l" + "r" * (len(columns) - 1), rows, caption, 8, "memory", layout="resize"
+    )
+
+
+def recommend_table(ctx: dict) -> Table:
+    hw, rows = ctx["hw"], []
+    for r in ctx["recommendations"]:
+        runner = "none"
+        if r["runner_up"]:
+            tag = (
+                ", within noise"
+                if r["within_noise"]
+                else ", tied at the search's cap"
+                if r["tied"]
+                else ""
+            )
+            runner = f"{r['runner_up']} ({r['runner_up_figure']}{tag})"
+        rows.append(
+            [r["goal"].replace("GPU", hw), f"**{r['winner']}**", r["figure"], r["cost"], runner]
+        )
+    caption = "recommendations, from the cells (Table 1) and the quality runs (Table 3)."
+    return Table(
+        ["goal", "use", "its figure", "what it costs", "runner-up"], "lllll", rows, caption, 9,
+        "recommend", size="footnotesize",
+        colspec="@{}p{0.15\\linewidth}p{0.12\\linewidth}p{0.18\\linewidth}p{0.27\\linewidth}p{0.18\\linewidth}@{}",
+    )  # fmt: skip
+
+
+def references_table(ctx: dict) -> Table:
+    refs = ctx["references"]
+
+    def pair(theirs, ours, fmt, extra=""):
+        return f"{fmt(theirs) if theirs is not None else '-'} / " + (
+            fmt(ours) + extra if ours is not None else "*not run*"
+        )
+
+    rows = []
+    for r in refs["rows"]:
+        tf32 = r.get("our_speedup_tf32")
+        rows.append([
+            r["report"], r["gpu"], r["technique"], num(r["batch_size"], 0),
+            pair(r["speedup"], r["our_speedup"], _x, f" (TF32: {_x(tf32)})" if tf32 is not None else ""),
+            pair(r["memory_reduction_pct"], r["our_memory_reduction_pct"], lambda v: f"{num(v, 1)}%"),
+            pair(r["max_batch_ratio"], r["our_max_batch_ratio"], _x),
+        ])  # fmt: skip
+    why = "".join(
+        f" **{rep['id']}**: {rep['comparability'].strip()}"
+        for rep in refs["reports"]
+        if rep.get("comparability")
+    )
+    columns = ["report", "GPU", "technique", "their batch",
+               "speed-up (theirs / ours against FP32, and TF32)", "memory reduction (theirs / ours)",
+               "max batch vs baseline (theirs / ours)"]  # fmt: skip
+    return Table(
+        columns, "lllrrrr", rows, "Ratios against each study's own baseline: theirs / ours.",
+        label="references", notes=[f"Why the ratios differ from ours:{why}"], layout="resize",
+    )  # fmt: skip

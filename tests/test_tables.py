@@ -1,0 +1,56 @@
+"""A table is defined once (memopt.report.tables) and rendered to Markdown and LaTeX by two format
+functions: the same cells, caption and notes in both, values escaped for each."""
+
+import pytest
+
+from memopt.report.tables import Span, Table, latex, markdown
+
+
+def table(**kw) -> Table:
+    args = dict(
+        columns=["technique", "batch", "peak (MiB)"],
+        align="lrr",
+        rows=[["flash_gradcp", "1,024", "70,000"], ["a|b", "**OOM**", Span("out of memory", 1)]],
+        caption="the cells, *peak* at 95% of `max`.",
+        number=3,
+        label="cells",
+        notes=["Δ loss: a note with a ± sign."],
+        footer=[["total", "2", "–"]],
+    )
+    return Table(**{**args, **kw})
+
+
+def test_markdown_numbers_the_caption_and_escapes_cells():
+    text = markdown(table())
+    lines = text.splitlines()
+    assert lines[0] == "Table 3: the cells, *peak* at 95% of `max`."
+    assert lines[2:4] == ["| technique | batch | peak (MiB) |", "|---|---:|---:|"]
+    assert r"| a\|b | **OOM** | out of memory |" in lines  # a pipe cannot open a column
+    assert lines[-3] == "| total | 2 | – |" and lines[-1] == "Δ loss: a note with a ± sign."
+
+
+def test_latex_escapes_text_and_converts_the_markup():
+    text = latex(table())
+    assert r"\caption{the cells, \emph{peak} at 95\% of \texttt{max}.}" in text
+    assert r"\label{tab:cells}" in text and r"\begin{tabular}{lrr}" in text
+    assert r"flash\_gradcp & 1,024 & 70,000 \\" in text
+    assert r"a|b & \textbf{OOM} & \multicolumn{1}{c}{out of memory} \\" in text
+    # the footer sits under its own rule; the note follows the float, converted as the prose
+    assert text.index(r"\midrule" + "\ntotal & 2 & -- \\\\") > text.index("flash")
+    assert text.endswith(r"$\Delta$ loss: a note with a $\pm$ sign.")
+
+
+def test_an_unnumbered_table_and_the_layouts():
+    plain = table(number=None, layout="shrink")
+    assert markdown(plain).startswith("the cells,")  # no "Table N:"
+    assert r"\caption*{" in latex(plain) and r"\ifdim\width>\linewidth" in latex(plain)
+    wide = latex(table(layout="sideways"))
+    assert wide.startswith(r"\begin{sidewaystable}") and r"\end{sidewaystable}" in wide
+    narrow = latex(table(colspec="p{3cm}p{2cm}p{2cm}"))
+    assert r"flash\_\allowbreak{}gradcp" in narrow  # names may break in paragraph columns
+    assert markdown(None) == latex(None) == ""
+
+
+def test_a_row_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="column counts"):
+        table(rows=[["flash", "8"]])
