@@ -17,28 +17,28 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
 from memopt.report.figures_batch import (
-    _memory_batch_figure,
-    _speed_batch_figure,
-    _windows_figure,
+    memory_batch_figure,
+    speed_batch_figure,
+    windows_figure,
 )
-from memopt.report.figures_quality import _loss_figure
+from memopt.report.figures_quality import loss_figure
 from memopt.report.figures_style import (
-    _entry_label,
-    _legend_below,
-    _main_entry,
-    _mark_unmeasured,
-    _ok,
-    _oom_hband,
-    _placeholder,
-    _short,
-    _unmeasured,
-    _unmeasured_handles,
-    _unmeasured_note,
     entry_hatches,
+    entry_label,
     function_colors,
+    legend_below,
+    main_entry,
+    mark_unmeasured,
+    ok_rows,
+    oom_hband,
     place_labels,
+    placeholder,
     render_all,
+    short_label,
     technique_colors,
+    unmeasured,
+    unmeasured_handles,
+    unmeasured_note,
 )
 from memopt.report.paper_mechanisms import peak_parts
 from memopt.report.results import (
@@ -70,8 +70,8 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
             x = i + (j - (len(entries) - 1) / 2) * width
             batch = "" if row["batch_size"] != row["batch_size"] else f"b={int(row['batch_size'])}"
             if row["status"] != "ok":
-                label = f"{_unmeasured(row['status'])} {batch}".strip()
-                _mark_unmeasured(ax, x, width, label, colors[technique])
+                label = f"{unmeasured(row['status'])} {batch}".strip()
+                mark_unmeasured(ax, x, width, label, colors[technique])
                 continue
             value = float(row[column])
             ax.bar(
@@ -80,17 +80,17 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
             ax.text(
                 x,
                 value + 0.01 * ymax,
-                f"{_short(value)}\n{batch}",
+                f"{short_label(value)}\n{batch}",
                 ha="center",
                 va="bottom",
                 fontsize=6.5,
             )
     handles = [
-        Patch(facecolor="grey", hatch=hatches[e], edgecolor="white", label=_entry_label(e))
+        Patch(facecolor="grey", hatch=hatches[e], edgecolor="white", label=entry_label(e))
         for e in entries
     ]
-    handles += _unmeasured_handles(summary)
-    _legend_below(ax, handles)
+    handles += unmeasured_handles(summary)
+    legend_below(ax, handles)
     ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(techniques) - 0.4)
     ax.set_ylim(0, ymax * 1.18)
@@ -145,9 +145,9 @@ def _tradeoff_figure(summary) -> Figure:
     """Peak memory against throughput for every ok cell, Pareto frontier as a step line."""
     fig = Figure(figsize=(6.0, 3.8))
     ax = fig.subplots()
-    ok = _ok(summary).dropna(subset=["peak_allocated_mib", "tokens_per_s"])
+    ok = ok_rows(summary).dropna(subset=["peak_allocated_mib", "tokens_per_s"])
     if ok.empty:
-        _placeholder(ax, "no cell fitted in memory")
+        placeholder(ax, "no cell fitted in memory")
         ax.set_title("Memory vs throughput")
         return fig
     one_entry = summary["batch_entry"].nunique() == 1
@@ -170,7 +170,7 @@ def _tradeoff_figure(summary) -> Figure:
             edgecolor="black" if best else "none",
         )
     cells = [(r["technique"], None if one_entry else r["batch_entry"]) for _, r in ok.iterrows()]
-    _unmeasured_note(ax, summary)
+    unmeasured_note(ax, summary)
     ax.legend(
         handles=[Patch(facecolor="white", edgecolor="black", label="Pareto-optimal (outlined)")],
         loc="upper left",  # up-left beats the frontier, so that corner is empty
@@ -188,21 +188,21 @@ def _tradeoff_figure(summary) -> Figure:
 
 def _memory_saved_figure(summary, baseline: str) -> Figure:
     """Peak memory saved against the baseline at the `same` batch, one horizontal bar each."""
-    entry = _main_entry(summary)
+    entry = main_entry(summary)
     rows = summary[summary["batch_entry"] == entry]
     others = rows[rows["technique"] != baseline]
     fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(others))))
     ax = fig.subplots()
-    ax.set_title(f"Peak memory saved vs {baseline}, {_entry_label(entry)}")
+    ax.set_title(f"Peak memory saved vs {baseline}, {entry_label(entry)}")
     base = rows[(rows["technique"] == baseline) & (rows["status"] == "ok")]
     if base.empty or others.empty or base["peak_allocated_mib"].isna().all():
-        _placeholder(ax, f"no ok '{baseline}' cell at this batch to compare with")
+        placeholder(ax, f"no ok '{baseline}' cell at this batch to compare with")
         return fig
     base_peak = float(base["peak_allocated_mib"].iloc[0])
     colors = technique_colors(summary)
     for i, row in enumerate(others.itertuples()):
         if row.status != "ok" or row.peak_allocated_mib != row.peak_allocated_mib:
-            _oom_hband(ax, i, 0.7, _unmeasured(row.status))
+            oom_hband(ax, i, 0.7, unmeasured(row.status))
             continue
         saved = 100 * (1 - row.peak_allocated_mib / base_peak)
         ax.barh(i, saved, 0.7, color=colors[row.technique])
@@ -235,7 +235,7 @@ PEAK_PARTS = [
 
 def _phases_figure(summary) -> Figure:
     """The peak at the `same` batch split into its parts, stacked: they add up to the peak."""
-    entry = _main_entry(summary)
+    entry = main_entry(summary)
     rows = summary[summary["batch_entry"] == entry]
     techniques = list(rows["technique"])
     fig = Figure(figsize=(max(6.0, 0.8 * len(techniques)), 3.8))
@@ -243,20 +243,20 @@ def _phases_figure(summary) -> Figure:
     for i, row in enumerate(rows.itertuples()):
         parts = peak_parts(row._asdict()) if row.status == "ok" else {}
         if not parts:  # oom or diverged, or no breakdown measured
-            _mark_unmeasured(ax, i, 0.7, _unmeasured(row.status), "#B00020")
+            mark_unmeasured(ax, i, 0.7, unmeasured(row.status), "#B00020")
             continue
         bottom = 0.0
         for key, _, color in PEAK_PARTS:
             ax.bar(i, parts[key] or 0.0, 0.7, bottom=bottom, color=color)
             bottom += parts[key] or 0.0
         ax.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=7.5)
-    _legend_below(ax, [Patch(color=c, label=label) for _, label, c in PEAK_PARTS], ncol=3)
+    legend_below(ax, [Patch(color=c, label=label) for _, label, c in PEAK_PARTS], ncol=3)
     ax.set_xticks(range(len(techniques)), techniques, rotation=20, ha="right")
     ax.set_xlim(-0.6, len(techniques) - 0.4)
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_ylabel("peak allocated memory (MiB)")
-    ax.set_title(f"What the peak is made of, {_entry_label(entry)}")
+    ax.set_title(f"What the peak is made of, {entry_label(entry)}")
     return fig
 
 
@@ -268,11 +268,11 @@ def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
     ax = fig.subplots()
     ax.set_title("Largest batch that fits, per technique")
     if rows.empty:
-        _placeholder(ax, "no max entries in this study")
+        placeholder(ax, "no max entries in this study")
         return fig
     for i, row in enumerate(rows.itertuples()):
         if row.batch_size != row.batch_size:  # no batch found at all
-            _oom_hband(ax, i, 0.7)
+            oom_hband(ax, i, 0.7)
             continue
         batch = int(row.batch_size)
         if row.status == "ok":
@@ -281,7 +281,7 @@ def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
             ax.text(batch, i, bound, va="center", fontsize=7)
         else:  # the search's batch, which then failed the full run: outline, never a solid bar
             ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
-            label = f" {batch} ({_unmeasured(row.status)} in full run)"
+            label = f" {batch} ({unmeasured(row.status)} in full run)"
             ax.text(batch, i, label, va="center", fontsize=7, color="#B00020")
     ax.set_yticks(range(len(rows)), rows["technique"])
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -340,13 +340,13 @@ def make_figures(
         "throughput": lambda: _bar_figure(
             summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
         ),
-        "loss": lambda: _loss_figure(runs, function_colors(summary)),
+        "loss": lambda: loss_figure(runs, function_colors(summary)),
         "tradeoff": lambda: _tradeoff_figure(summary),
         "memory_saved": lambda: _memory_saved_figure(summary, baseline),
         "phases": lambda: _phases_figure(summary),
         "max_batch": lambda: _max_batch_figure(summary, capped_techniques(searches)),
-        "memory_batch": lambda: _memory_batch_figure(summary, searches),
-        "speed_batch": lambda: _speed_batch_figure(summary),
-        "windows": lambda: _windows_figure(summary),
+        "memory_batch": lambda: memory_batch_figure(summary, searches),
+        "speed_batch": lambda: speed_batch_figure(summary),
+        "windows": lambda: windows_figure(summary),
     }
     return render_all({name: builders[name] for name in FIGURE_NAMES}, out_dir, processes)

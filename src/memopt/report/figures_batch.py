@@ -9,16 +9,16 @@ from matplotlib.ticker import StrMethodFormatter
 
 from memopt.knobs import KNOBS
 from memopt.report.figures_style import (
-    _entry_label,
-    _main_entry,
-    _mark_unmeasured,
-    _ok,
-    _placeholder,
-    _short,
-    _unmeasured,
-    _unmeasured_note,
+    entry_label,
     log_if_decades,
+    main_entry,
+    mark_unmeasured,
+    ok_rows,
+    placeholder,
+    short_label,
     technique_colors,
+    unmeasured,
+    unmeasured_note,
 )
 
 
@@ -30,7 +30,7 @@ def _cell_lines(ax, summary, column: str, colors: dict) -> dict:
     lines: dict[tuple, list[str]] = {}
     points = {}
     for technique in dict.fromkeys(summary["technique"]):
-        ok = _ok(summary[summary["technique"] == technique]).sort_values("batch_size")
+        ok = ok_rows(summary[summary["technique"] == technique]).sort_values("batch_size")
         if ok.empty:
             continue
         xs, ys = list(ok["batch_size"]), list(ok[column])
@@ -65,7 +65,7 @@ def _batch_axes(ax, ylabel: str, handles: list) -> None:
     ax.set_ylabel(ylabel)
 
 
-def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
+def memory_batch_figure(summary, searches: list[dict]) -> Figure:
     """Peak memory against batch: every search trial (x = out of memory), the search's linear fit,
     the trained cells, and the memory budget the search had."""
     colors = technique_colors(summary, [s["technique"] for s in searches])
@@ -111,9 +111,9 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
             color="#B00020",
         )
     if not ax.lines and not ax.collections:
-        _placeholder(ax, "no measured memory")
+        placeholder(ax, "no measured memory")
         return fig
-    _unmeasured_note(ax, summary)
+    unmeasured_note(ax, summary)
     handles, _ = ax.get_legend_handles_labels()
     handles += [
         Line2D(
@@ -132,7 +132,7 @@ def _memory_batch_figure(summary, searches: list[dict]) -> Figure:
     return fig
 
 
-def _speed_batch_figure(summary) -> Figure:
+def speed_batch_figure(summary) -> Figure:
     """Throughput against batch size, one line per technique through its trained cells."""
     colors = technique_colors(summary)
     fig = Figure(figsize=(6.4, 3.6))
@@ -140,18 +140,18 @@ def _speed_batch_figure(summary) -> Figure:
     ax.set_title("Training throughput vs batch size")
     _cell_lines(ax, summary, "tokens_per_s", colors)
     if not ax.lines:
-        _placeholder(ax, "no cell fitted in memory")
+        placeholder(ax, "no cell fitted in memory")
         return fig
-    _unmeasured_note(ax, summary)
+    unmeasured_note(ax, summary)
     _batch_axes(ax, "throughput (tokens/s)", ax.get_legend_handles_labels()[0])
-    log_if_decades(ax, _ok(summary)["tokens_per_s"])
+    log_if_decades(ax, ok_rows(summary)["tokens_per_s"])
     return fig
 
 
 def window_group(summary) -> list:
     """The windowed techniques and their full-attention counterparts (every knob the same but
     the attention's: memopt.knobs), at the main entry, ordered by window (full last)."""
-    rows = summary[summary["batch_entry"] == _main_entry(summary)]
+    rows = summary[summary["batch_entry"] == main_entry(summary)]
     windowed = rows[rows["window"].notna()]
     same_knobs = [k.name for k in KNOBS if k.group != "attention" and k.name in rows.columns]
     keys = {tuple(r) for r in windowed[same_knobs].astype(str).itertuples(index=False)}
@@ -162,7 +162,7 @@ def window_group(summary) -> list:
     return list(windowed.sort_values("window").itertuples()) + list(full.itertuples())
 
 
-def _windows_figure(summary) -> Figure:
+def windows_figure(summary) -> Figure:
     """Sliding windows against full attention: throughput, peak memory and validation perplexity."""
     group = window_group(summary)
     panels = [
@@ -172,9 +172,9 @@ def _windows_figure(summary) -> Figure:
     ]
     fig = Figure(figsize=(7.2, 3.0))
     axes = fig.subplots(1, len(panels))
-    fig.suptitle(f"Attention window, {_entry_label(_main_entry(summary))}")
+    fig.suptitle(f"Attention window, {entry_label(main_entry(summary))}")
     if not group:
-        _placeholder(axes[0], "no windowed technique in this study")
+        placeholder(axes[0], "no windowed technique in this study")
         for ax in axes[1:]:
             ax.set_axis_off()
         return fig
@@ -190,7 +190,7 @@ def _windows_figure(summary) -> Figure:
             # The perplexity is the function's (quality runs), not the cell's.
             status = row.quality_status if column == "val_ppl" else row.status
             if status != "ok" or value != value:
-                _mark_unmeasured(ax, i, 0.7, _unmeasured(status), "#B00020")
+                mark_unmeasured(ax, i, 0.7, unmeasured(status), "#B00020")
                 continue
             if column == "val_ppl":  # a zoomed axis: bars from zero would hide the differences
                 lo, hi = getattr(row, "val_ppl_lo", value), getattr(row, "val_ppl_hi", value)
@@ -199,7 +199,7 @@ def _windows_figure(summary) -> Figure:
                 ax.text(i, value, f" {value:,.1f}", ha="left", va="center", fontsize=6.5)
                 continue
             ax.bar(i, value, 0.7, color=colors[row.technique])
-            ax.text(i, value, _short(value), ha="center", va="bottom", fontsize=6.5)
+            ax.text(i, value, short_label(value), ha="center", va="bottom", fontsize=6.5)
         ax.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=6.5)
         ax.set_xlim(-0.6, len(group) - 0.4)
         ax.set_title(title, fontsize=8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from memopt.report.figures_style import _placeholder
+from memopt.report.figures_style import placeholder
 
 
 def _moving_average(values: list[float], k: int) -> list[float]:
@@ -16,7 +16,7 @@ def _moving_average(values: list[float], k: int) -> list[float]:
     return out
 
 
-def _loss_figure(runs: list[dict], colors: dict) -> Figure:
+def loss_figure(runs: list[dict], colors: dict) -> Figure:
     """Training loss against training tokens for every function's quality runs: the mean over
     seeds, with the band between the lowest and the highest seed; the right panel zooms into the
     last quarter of the tokens, where the curves lie too close to tell apart at full scale."""
@@ -68,7 +68,7 @@ def _loss_figure(runs: list[dict], colors: dict) -> Figure:
             color="#B00020",
         )
     if not runs:
-        _placeholder(ax, "no quality runs in this study")
+        placeholder(ax, "no quality runs in this study")
     if ax.lines:
         ax.legend(loc="upper right", frameon=False)
     if tail:

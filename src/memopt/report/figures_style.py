@@ -90,7 +90,7 @@ def place_labels(ax, labelled, fontsize: float = 7, step: float = 3.0, max_moves
     return texts
 
 
-def _legend_below(ax, handles: list, ncol: int | None = None) -> None:
+def legend_below(ax, handles: list, ncol: int | None = None) -> None:
     """The legend in a row under the axes (beside them it would shrink the plot at print size)."""
     ax.legend(
         handles=handles,
@@ -115,13 +115,13 @@ SAVE_METADATA = {
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "pdf.fonttype": 42}
 
 
-def _entry_label(entry: str) -> str:
+def entry_label(entry: str) -> str:
     return {"same": "same batch (baseline's max)", "max": "own max batch"}.get(
         entry, f"batch {entry}"
     )
 
 
-def _short(value: float) -> str:
+def short_label(value: float) -> str:
     """Compact bar label (150k, 2.3k, 850): full numbers overlap once seven techniques share a row;
     the exact values are in the paper's table."""
     if value >= 10_000:
@@ -169,7 +169,7 @@ def render_all(
     return [path for paths in done for path in paths]
 
 
-def _mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> None:
+def mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> None:
     """A full-height hatched band with a label, in axes coordinates: no value to be misread."""
     ax.axvspan(
         x - width / 2,
@@ -193,7 +193,7 @@ def _mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> 
     )
 
 
-def _main_entry(summary) -> str:
+def main_entry(summary) -> str:
     """`same` (the fair comparison); a study without it shows its first entry."""
     entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
     return "same" if "same" in entries else entries[0]
@@ -203,29 +203,29 @@ def _main_entry(summary) -> str:
 UNMEASURED = {"oom": ("OOM", "out of memory"), "diverged": ("diverged", "diverged")}
 
 
-def _unmeasured(status) -> str:
+def unmeasured(status) -> str:
     return UNMEASURED.get(status, ("n/a",))[0]
 
 
-def _unmeasured_handles(summary) -> list:
+def unmeasured_handles(summary) -> list:
     """The legend entry of hatched columns, naming what they mean in this figure."""
     failed = sorted(set(summary["status"]) - {"ok"})
     label = " / ".join(UNMEASURED.get(status, (0, status))[1] for status in failed)
     return [Patch(facecolor="none", edgecolor="grey", hatch="///", label=label)] if failed else []
 
 
-def _ok(summary):
+def ok_rows(summary):
     return summary[summary["status"] == "ok"]
 
 
-def _placeholder(ax, text: str) -> None:
+def placeholder(ax, text: str) -> None:
     """A figure with nothing to plot still gets written, saying why it is empty."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="grey")
     ax.set_xticks([])
     ax.set_yticks([])
 
 
-def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
+def oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
     """Hatched full-width row for an oom cell in a horizontal bar chart: no value to misread."""
     ax.axhspan(y - height / 2, y + height / 2, facecolor="none", edgecolor="#B00020", hatch="///")
     ax.text(
@@ -241,7 +241,7 @@ def _oom_hband(ax, y: float, height: float, text: str = "OOM") -> None:
     )
 
 
-def _unmeasured_note(ax, summary) -> None:
+def unmeasured_note(ax, summary) -> None:
     """Name the cells that ran out of memory or diverged in the plot, rather than leave them out
     silently."""
     failed = summary[summary["status"] != "ok"]
@@ -249,7 +249,7 @@ def _unmeasured_note(ax, summary) -> None:
         names = ", ".join(
             f"{r.technique} ({r.batch_entry}"
             + ("" if r.batch_size != r.batch_size else f", b={int(r.batch_size)}")
-            + f", {_unmeasured(r.status)})"
+            + f", {unmeasured(r.status)})"
             for r in failed.itertuples()
         )
         ax.text(
