@@ -1,5 +1,6 @@
 """Config validation: defaults, the study files, and errors that name the key, value and allowed."""
 
+import os
 import pickle
 import re
 from pathlib import Path
@@ -257,3 +258,34 @@ def test_every_knob_undo_names_a_function():
     for call in knobs.undo_calls():
         module, _, name = call.partition(":")
         assert callable(getattr(importlib.import_module(module), name)), call
+
+
+@pytest.mark.slow
+def test_an_installed_package_validates_outside_the_checkout(tmp_path):
+    """`pip install .` (a wheel, not editable): the schema ships inside it, so a config is
+    validated and `memopt --help` runs from a folder that is not the checkout."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist"), str(root)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("memopt-*.whl")
+    site, work = tmp_path / "site", tmp_path / "elsewhere"
+    zipfile.ZipFile(wheel).extractall(site)
+    assert (site / "memopt" / "config.schema.yaml").is_file()
+    work.mkdir()
+    (work / "study.yaml").write_text((root / "config" / "smoke.yaml").read_text())
+    env = dict(os.environ, PYTHONPATH=str(site))
+    run = [sys.executable, "-c", "import memopt, sys; sys.argv[0] = 'memopt'; "
+           "print(memopt.__file__); from memopt.run.cli import main; main()"]  # fmt: skip
+    out = subprocess.run([*run, "validate", "--config", "study.yaml"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(site)) and "study.yaml: valid (study 'smoke'" in out.stdout
+    help_ = subprocess.run([*run, "--help"], cwd=work, env=env, capture_output=True, text=True)
+    assert help_.returncode == 0 and "validate" in help_.stdout
