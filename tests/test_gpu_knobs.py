@@ -219,3 +219,30 @@ def test_compile_mode_reduce_overhead_trains_as_the_default_mode():
     graphs, applied, _ = train_technique({**knobs, "compile_mode": "reduce-overhead"}, 5)
     assert applied.record["compile_mode"] == "reduce-overhead"
     assert default == pytest.approx(graphs, abs=2e-2), (default, graphs)
+
+
+def test_compile_mode_reduce_overhead_runs_every_job_kind(tiny_study):
+    """CUDA graphs through the jobs that keep every step's loss: the exactness run matches the
+    default mode's, a timing cell and a search finish, and a search's trials leave no graph
+    memory pool behind (it would count against the next trial's budget)."""
+    from memopt.config import validate_config
+    from memopt.jobs.cell import run_cell
+    from memopt.jobs.quality import run_exactness
+    from memopt.jobs.search import search_max_batch
+
+    cpu_cfg, data = tiny_study
+    knobs = {"precision": "bf16", "attention": "flash", "compile": True}
+    cfg = validate_config(
+        {**{k: cpu_cfg[k] for k in ("model", "train", "measure")}, "device": "cuda",
+         "search": {"max_batch": 64, "memory_budget_gib": 4},
+         "baseline": "plain",
+         "techniques": {"plain": knobs, "graphs": {**knobs, "compile_mode": "reduce-overhead"}}}
+    )  # fmt: skip
+    plain, graphs = (run_exactness(cfg, t, data, "cuda")["losses"] for t in ("plain", "graphs"))
+    assert plain == pytest.approx(graphs, abs=2e-2), (plain, graphs)
+    cell = run_cell(cfg, "graphs", "8", 8, data, "cuda")
+    assert cell["status"] == "ok" and cell["precision_flags"]["compile_mode"] == "reduce-overhead"
+    assert len(cell["loss_curve"]) == cell["steps"]
+    found = search_max_batch(cfg, "graphs", data, "cuda")
+    assert found["status"] in ("ok", "capped") and found["max_batch"] >= 8
+    assert torch.cuda.memory_reserved() < 64 * 2**20  # the pools went with the trials

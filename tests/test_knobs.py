@@ -406,3 +406,14 @@ def test_compile_mode_is_named_as_a_compile_change_and_in_the_technique_table():
     (change,) = [r for r in rows if r["technique"] == "graphs"]
     assert change["knob"] == "compile" and change["over"] == "compiled"
     assert change["change"] == "compile → compile + mode reduce-overhead"
+
+
+@pytest.mark.parametrize(
+    "other", [{"grad_accum": 2}, {"offload": "activations"}, {"parallel": "ddp", "gpus": 2}]
+)
+def test_cuda_graph_modes_are_refused_with_what_they_are_not_measured_with(other):
+    techniques = {"a": {"compile": True, "compile_mode": "reduce-overhead", **other}}
+    with pytest.raises(ConfigError, match=r"compile_mode: 'reduce-overhead' is not allowed with"):
+        validate_config({"techniques": techniques, "baseline": "a"})
+    techniques["a"]["compile_mode"] = "max-autotune-no-cudagraphs"  # no graphs: allowed
+    validate_config({"techniques": techniques, "baseline": "a"})

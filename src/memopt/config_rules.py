@@ -43,6 +43,8 @@ def check_cross_keys(cfg: dict) -> None:
 
 # Precisions whose activations (attention's inputs) are 16-bit: memopt.runtime.precision.AUTOCAST_DTYPES.
 _SIXTEEN_BIT = ("bf16", "fp16", "fp8")
+# torch.compile modes that capture CUDA graphs.
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
 _CUDA_16BIT_ONLY = ("flash", "cudnn", "flash_attn")
 
@@ -77,6 +79,16 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
                 f"({reason}; in-backward updates free each gradient as soon as it is "
                 f"complete); allowed: optimizer_in_backward false, or {allowed}"
             )
+    if spec["compile_mode"] in _CUDA_GRAPH_MODES:  # CUDA graphs replay one fixed step
+        for other, allowed in (("grad_accum", 1), ("offload", "none"), ("parallel", "none")):
+            if spec[other] != allowed:
+                problems.append(
+                    f"{key}.compile_mode: {spec['compile_mode']!r} is not allowed with "
+                    f"{key}.{other} {spec[other]!r} (CUDA graphs with it are not measured: "
+                    "micro-batches overwrite a replayed graph's outputs, offload and data "
+                    f"parallelism hook into the step); allowed: {other} {allowed!r}, or "
+                    "compile_mode 'default' or 'max-autotune-no-cudagraphs'"
+                )
     if spec["loss"] == "liger" and spec["precision"] == "fp16":
         problems.append(
             f"{key}.loss: 'liger' is not allowed with {key}.precision 'fp16' (liger computes the "

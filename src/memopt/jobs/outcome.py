@@ -19,8 +19,6 @@ from memopt.runtime.divergence import Diverged
 from memopt.runtime.measure import is_oom, provenance
 from memopt.runtime.step import free_memory
 
-STATUSES = ("ok", "oom", "diverged")
-
 
 def guarded(
     work: Callable[[], dict],

@@ -268,4 +268,4 @@ def search_max_batch(
         "trials": trials,
     }
     # The GPU leased for the search included.
-    return stamp(result, cfg, spec, device, ("model", "train", "search"))
+    return stamp(result, cfg, spec, device, ("model", "train", "measure", "search"))

@@ -117,10 +117,19 @@ def _reports_speedups(references: dict) -> list[dict]:
     ]
 
 
-def _by_knob(increments: list[dict]) -> dict[str, list[dict]]:
+def _compiles(row: dict, same: dict[str, dict]) -> bool:
+    """The change turns compilation on (not one of two compiled techniques' settings: a mode or
+    a memory budget, whose effect the compile prose does not explain)."""
+    base, cell = same.get(row["over"], {}), same.get(row["technique"], {})
+    return row["knob"] == "compile" and not base.get("compile") and bool(cell.get("compile"))
+
+
+def _by_knob(increments: list[dict], same: dict[str, dict]) -> dict[str, list[dict]]:
+    """The single-knob changes by group; compile's only where compilation is turned on."""
     out: dict[str, list[dict]] = {}
     for row in increments:
-        out.setdefault(row["knob"], []).append(row)
+        if row["knob"] != "compile" or _compiles(row, same):
+            out.setdefault(row["knob"], []).append(row)
     return out
 
 
@@ -184,7 +193,7 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
     vocab = ctx["tokens"]["vocab_size"]
     for r in ctx["increments"]:
         c, twin = same.get(r["technique"]), same.get(r["over"])
-        if r["knob"] != "compile" or c is None or twin is None:
+        if not _compiles(r, same) or c is None or twin is None:
             continue
         if c.get("activations_mib") is None or twin.get("activations_mib") is None:
             continue
@@ -311,7 +320,7 @@ def story(ctx: dict) -> dict:
         "baseline_per_sample": base_search.get("per_sample_mib"),
         "batch_speed": _batch_speed(ctx["cells"]),
         "reports": _reports_speedups(ctx["references"]),
-        "increments": _by_knob(ctx["increments"]),
+        "increments": _by_knob(ctx["increments"], same),
         "explicit_16bit": explicit_16bit,
         "bitwise_identical": exact_identical,
         "recommend": {r["goal"]: r for r in ctx["recommendations"]},

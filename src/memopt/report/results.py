@@ -208,7 +208,7 @@ def ok_cells(cells: list[dict], entry: str = "same") -> dict[str, dict]:
 
 
 def _change(cell: dict, ref: dict) -> dict:
-    """Speed-up and memory reduction of `cell` against `ref` (quality: memopt.quality_summary)."""
+    """Speed-up and memory reduction of `cell` against `ref` (quality: memopt.report.verdicts.quality_table)."""
     return {
         "speedup": cell["tokens_per_s"] / ref["tokens_per_s"],
         "memory_reduction_pct": 100 * (1 - cell["peak_allocated_mib"] / ref["peak_allocated_mib"]),

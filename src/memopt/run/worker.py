@@ -265,15 +265,16 @@ def _restore(state: dict) -> None:
     from memopt.runtime.measure import mark_job_started
     from memopt.runtime.model import forget_initial
 
-    for call in undo_calls():
-        module, _, name = call.partition(":")
-        getattr(importlib.import_module(module), name)()
     torch.backends.cudnn.benchmark = state["cudnn_benchmark"]
     torch.set_num_threads(state["threads"])
-    for key in set(os.environ) - set(state["environ"]):
-        del os.environ[key]
-    os.environ.update(state["environ"])
-    os.chdir(state["cwd"])
+    # The environment a job reads (memopt, torch, CUDA): what it set goes, what it changed comes
+    # back. Others stay: torch sets some once, when a module is first imported.
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIXES)]:
+        if key not in state["environ"]:
+            del os.environ[key]
+    os.environ.update({k: v for k, v in state["environ"].items() if k.startswith(ENV_PREFIXES)})
+    with contextlib.suppress(OSError):  # a folder removed meanwhile: the next job sets its own
+        os.chdir(state["cwd"])
     forget_initial()
     mark_job_started(None)
     for module in [m for name, m in sys.modules.items() if name.startswith("memopt.")]:
@@ -281,6 +282,9 @@ def _restore(state: dict) -> None:
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
     gc.collect()
+    for call in undo_calls():  # after the collection: what it freed is given back too
+        module, _, name = call.partition(":")
+        getattr(importlib.import_module(module), name)()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -23,6 +23,7 @@ from memopt.runtime.techniques import (
     apply_technique,
     dynamic_batch,
     eval_model,
+    forget_cuda_graphs,
 )
 
 
@@ -86,7 +87,9 @@ def train_step(
         if k > 1:
             loss = loss * (xi.size(0) / x.size(0))
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        total = loss.detach() if total is None else total + loss.detach()
+        # A copy: under CUDA graphs (compile_mode reduce-overhead) the output is overwritten by
+        # the next replay, and the caller keeps every step's loss.
+        total = loss.detach().clone() if total is None else total + loss.detach()
     mark("backward")
     if train_cfg["grad_clip"]:
         if scaler is not None:
@@ -166,6 +169,7 @@ def _output_hooks(model, probe: MemoryProbe, out: dict) -> list:
 def free_memory(device: str) -> None:
     gc.collect()
     if device == "cuda":
+        forget_cuda_graphs()  # their memory pools (compile_mode reduce-overhead)
         torch.cuda.empty_cache()
         empty_host_cache()  # pinned buffers of offloaded activations
 

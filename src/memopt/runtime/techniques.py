@@ -7,6 +7,7 @@ resolved kernel, the precision flags) is returned so every result can record it.
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,19 @@ def forget_compiled() -> None:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     set_compile_memory_budget(None)
+
+
+def forget_cuda_graphs() -> None:
+    """Drop the CUDA graphs a CUDA-graph compile mode recorded, with their memory pools, and the
+    compiled code that replays them (it cannot run without them): the next job or search trial
+    starts as a new process would, instead of finding the last one's pools counted against its
+    memory. Nothing happens unless graphs were recorded (the default mode records none)."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or not torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    containers = trees.get_obj(trees.local, "tree_manager_containers")
+    if any(c.tree_manager is not None for c in containers.values()):
+        torch._dynamo.reset()  # resets the graph trees too
 
 
 def dynamic_batch(*tensors: torch.Tensor) -> None:
