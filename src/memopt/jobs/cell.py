@@ -22,7 +22,7 @@ import torch
 
 from memopt.config import technique_spec
 from memopt.data.tokens import TokenData
-from memopt.jobs.outcome import guarded, stamp
+from memopt.jobs.outcome import failure, guarded, stamp
 from memopt.runtime import parallel
 from memopt.runtime.attention import kernel_detail, resolve_kernel
 from memopt.runtime.divergence import LossWatch
@@ -48,9 +48,7 @@ from memopt.runtime.step import (
     prepare,
     train_step,
 )
-from memopt.runtime.techniques import (
-    compile_cache_counts,
-)
+from memopt.runtime.techniques import compile_cache_counts
 
 
 def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=None) -> dict:
@@ -223,7 +221,7 @@ def run_cell(
             "error": f"rank {earlier['rank']}: " + earlier["error"].splitlines()[0],
         }
     if failed is not None:
-        result.update(dict.fromkeys(MEASURED) | {"loss_curve": []} | failed)
+        result.update(failure(failed, MEASURED))
         free_memory(device)
     else:
         work = partial(_train, cfg, spec, data, batch_size, device, snapshot)

@@ -42,9 +42,15 @@ def guarded(
         parallel.out_of_memory(err, batch, time.perf_counter() - t0)  # ends a parallel launch
         out = {"status": "oom", "error": oom_prefix + str(err).splitlines()[0][:500]}
     if out.get("status") != "ok":
-        out = dict.fromkeys(measured) | {"loss_curve": []} | out
+        out = failure(out, measured)
     free_memory(device)
     return out
+
+
+def failure(fields: dict, measured: Iterable[str] = ()) -> dict:
+    """A result without measurements: each of `measured` null, no loss curve, then `fields`
+    (status, error, and what the failure knows)."""
+    return dict.fromkeys(measured) | {"loss_curve": []} | fields
 
 
 def stamp(result: dict, cfg: dict, spec: dict, device: str, keys: Iterable[str]) -> dict:
