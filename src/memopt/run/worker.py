@@ -248,15 +248,17 @@ def _process_state() -> dict:
     return {
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "threads": torch.get_num_threads(),
-        "environ": dict(os.environ),
+        # The environment a job reads (memopt, torch, CUDA); torch sets others once, at import.
+        "environ": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
         "cwd": os.getcwd(),
     }
 
 
 def _restore(state: dict) -> None:
-    """Put the process back as a new one would find it before the next job: every knob's
-    process-wide effect undone as the registry says (memopt.knobs: undo), then what any job
-    changes (memopt.runtime.model: initial weights; memopt.runtime.measure: the job's start)."""
+    """Put the process back as a new one would find it before the next job: what any job changes
+    (threads, environment, folder, memopt.runtime.model's initial weights, memopt.runtime.measure's
+    job start, cached masks), then every knob's process-wide effect undone as the registry says
+    (memopt.knobs: undo), then the CUDA allocator."""
     import importlib
 
     import torch
@@ -267,12 +269,11 @@ def _restore(state: dict) -> None:
 
     torch.backends.cudnn.benchmark = state["cudnn_benchmark"]
     torch.set_num_threads(state["threads"])
-    # The environment a job reads (memopt, torch, CUDA): what it set goes, what it changed comes
-    # back. Others stay: torch sets some once, when a module is first imported.
+    # Of the environment a job reads: what it set goes, what it changed comes back.
     for key in [k for k in os.environ if k.startswith(ENV_PREFIXES)]:
         if key not in state["environ"]:
             del os.environ[key]
-    os.environ.update({k: v for k, v in state["environ"].items() if k.startswith(ENV_PREFIXES)})
+    os.environ.update(state["environ"])
     with contextlib.suppress(OSError):  # a folder removed meanwhile: the next job sets its own
         os.chdir(state["cwd"])
     forget_initial()
