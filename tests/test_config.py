@@ -42,6 +42,9 @@ def test_default_study_matches_the_issue():
         "d_ff": 3072,
         "seq_len": 1024,
         "dropout": 0.1,
+        "arch": "gpt2",
+        "n_kv_heads": None,
+        "rope_theta": 10000.0,
     }
     assert cfg["tokenizer"]["vocab_size"] == 32000
     assert (cfg["train"]["lr"], cfg["train"]["grad_clip"]) == (5e-4, 1.0)

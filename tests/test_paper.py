@@ -14,9 +14,10 @@ from synthetic_study import CONFIG, QUALITY_LOSS, TECHNIQUES, TEMPLATES, make_ce
 from memopt.errors import MemoptError
 from memopt.fileio import read_json
 from memopt.report.figures import make_figures
-from memopt.report.paper import param_count, render_paper
+from memopt.report.paper import render_paper
 from memopt.report.paper_format import build_pdf, md, mib, mparams, num, sig, tex
 from memopt.report.results import aggregate, write_json
+from memopt.runtime.flops import param_count
 
 # Main-table column -> (summary.csv column, decimals shown in the paper).
 TABLE_NUMBERS = {

@@ -42,7 +42,9 @@ dist.destroy_process_group()
 """
 
 
-def study(tokens_dir: Path, **techniques) -> dict:
+def study(tokens_dir: Path, arch: str = "gpt2", **techniques) -> dict:
+    # llama: two query heads sharing one key/value head (grouped-query attention)
+    block = {"arch": "llama", "n_kv_heads": 1} if arch == "llama" else {}
     cfg = validate_config(
         {
             "device": "cpu",
@@ -54,6 +56,7 @@ def study(tokens_dir: Path, **techniques) -> dict:
                 "d_ff": 64,
                 "seq_len": 32,
                 "dropout": 0.0,
+                **block,
             },  # fmt: skip
             "train": {"warmup_steps": 1, "grad_clip": 0.5},
             "measure": {"warmup_steps": 2, "min_timed_steps": 3, "max_timed_steps": 3},
@@ -89,8 +92,9 @@ def trained(cfg: dict, name: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow  # torchrun-style ranks in processes of their own (pytest -m slow)
-def test_sharded_steps_train_the_same_weights_as_one_process(tokens_dir, tmp_path):
-    cfg = study(tokens_dir, **{n: {**m, "gpus": 2} for n, m in MODES.items()})
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_sharded_steps_train_the_same_weights_as_one_process(tokens_dir, tmp_path, arch):
+    cfg = study(tokens_dir, arch, **{n: {**m, "gpus": 2} for n, m in MODES.items()})
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
@@ -102,9 +106,9 @@ def test_sharded_steps_train_the_same_weights_as_one_process(tokens_dir, tmp_pat
     sharded = torch.load(tmp_path / "out.pt")
     for name, knobs in MODES.items():
         one = {k: v for k, v in knobs.items() if k not in ("parallel", "shard")}
-        ref = trained(study(tokens_dir, ref=one), "ref")
+        ref = trained(study(tokens_dir, arch, ref=one), "ref")
         initial = trained(
-            study(tokens_dir, ref=one) | {"train": {**cfg["train"], "lr": 0.0}}, "ref"
+            study(tokens_dir, arch, ref=one) | {"train": {**cfg["train"], "lr": 0.0}}, "ref"
         )
         assert sharded[name].keys() == ref.keys(), name
         for k, v in ref.items():

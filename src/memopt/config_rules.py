@@ -16,6 +16,7 @@ def check_cross_keys(cfg: dict) -> None:
             f"model.n_heads: {m['n_heads']} does not divide model.d_model "
             f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
         )
+    problems += _arch_problems(m)
     for name, spec in cfg["techniques"].items():
         problems += _technique_problems(f"techniques.{name}", spec, cfg)
         problems += _parallel_problems(f"techniques.{name}", spec, cfg)
@@ -47,6 +48,30 @@ _SIXTEEN_BIT = ("bf16", "fp16", "fp8")
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # Kernels that take only 16-bit inputs on a CUDA GPU (PyTorch's flash and cuDNN, flash-attn).
 _CUDA_16BIT_ONLY = ("flash", "cudnn", "flash_attn")
+
+
+def _arch_problems(m: dict) -> list[str]:
+    """Block shapes the llama block cannot build (gpt2 has one key/value head per query head)."""
+    kv, heads = m["n_kv_heads"], m["n_heads"]
+    if m["arch"] != "llama":
+        if kv is not None and kv != heads:
+            return [f"model.n_kv_heads: {kv} is not allowed with model.arch 'gpt2' (one "
+                    f"key/value head per query head); allowed: null, or 'llama' as model.arch"]  # fmt: skip
+        return []
+    problems = []
+    if kv is not None and heads % kv:
+        problems.append(
+            f"model.n_kv_heads: {kv} does not divide model.n_heads ({heads}); allowed: a "
+            f"divisor of {heads} (each key/value head serves a group of query heads)"
+        )
+    head_dim = m["d_model"] // heads
+    if m["d_model"] % heads == 0 and head_dim % 2:
+        problems.append(
+            f"model.n_heads: {heads} gives an odd head dimension ({m['d_model']} / {heads} = "
+            f"{head_dim}), which the rotary embedding of model.arch 'llama' cannot turn in pairs; "
+            "allowed: n_heads with an even d_model / n_heads"
+        )
+    return problems
 
 
 def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:

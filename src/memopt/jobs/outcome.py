@@ -26,6 +26,7 @@ def guarded(
     batch: int,
     measured: Iterable[str] = (),
     oom_prefix: str = "",
+    keep_host_cache: bool = False,
 ) -> dict:
     """work()'s result, or its failure as a result (status oom or diverged, `measured` null). The
     exception is not kept (its traceback would keep the model and optimizer alive past
@@ -43,7 +44,7 @@ def guarded(
         out = {"status": "oom", "error": oom_prefix + str(err).splitlines()[0][:500]}
     if out.get("status") != "ok":
         out = failure(out, measured)
-    free_memory(device)
+    free_memory(device, host_cache=not keep_host_cache)
     return out
 
 

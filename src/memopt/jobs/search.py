@@ -5,11 +5,12 @@ least two, so the optimizer state exists). The answer B is proven: B fits and B 
 (g = `search.granularity`), and both trials are recorded. Out of memory means "does not fit"; any
 other error is raised.
 
-Strategy `fit` (the default): peak memory grows almost linearly in the batch, so two small probes
-give peak(B) ~ fixed + per_sample * B, and a third at a quarter of their guess shortens the
-extrapolation; the search tries the predicted boundary, refits on every success, walks away from
-a miss (one step, then doubling steps) and bisects what is left. Strategy `bisect`:
-plain doubling, then bisection (about 2 log2 B trials), kept for comparison.
+Strategy `fit` (the default) aims every trial from what the earlier ones measured: each phase's
+peak memory (forward, backward, optimizer step) and, with offloaded activations, the host's
+pinned memory, each close to linear in the batch (memopt.jobs.bracket says how; at most 8
+trials on the curves its tests draw). Strategy `bisect`: plain doubling, then bisection (about
+2 log2 B trials), kept for comparison. The search's upper bound is the data's and an optional
+`search.max_batch`, never a round number below memory.
 
 Trials run in this process. A fresh process per trial would cost a Python, torch and CUDA start
 (seconds) for every trial; instead every reference of a trial is dropped and the CUDA cache
@@ -27,9 +28,11 @@ import torch
 from memopt.config import technique_spec
 from memopt.data.tokens import Batches, TokenData
 from memopt.errors import MemoptError
+from memopt.jobs.bracket import prove_max
 from memopt.jobs.outcome import guarded, stamp
 from memopt.runtime import parallel
-from memopt.runtime.measure import MIB, TensorMemoryTracker
+from memopt.runtime.measure import MIB, MemoryProbe, TensorMemoryTracker
+from memopt.runtime.offload import host_budget_bytes
 from memopt.runtime.step import (
     budget_bytes,
     free_memory,
@@ -39,10 +42,14 @@ from memopt.runtime.step import (
 )
 from memopt.runtime.techniques import apply_technique, compile_cache_counts
 
+PHASES = ("forward", "backward", "optimizer")
+
 
 def _trial_steps(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
-    """`search.trial_steps` training steps at `batch`: their peak memory and, on CUDA, the last
-    step's time. Every reference of the trial dies with this frame."""
+    """`search.trial_steps` training steps at `batch`: the peak memory of each phase, the memory
+    that exists before a batch (weights, optimizer state: at the last step's start), the host's
+    pinned bytes of offloaded activations and, on CUDA, the last step's time. Every reference of
+    the trial dies with this frame."""
     train_cfg = cfg["train"]
     applied = apply_technique(spec, cfg["model"], data.vocab_size, train_cfg["seed"], device)
     opt = technique_optimizer(applied, spec, train_cfg, device)
@@ -56,124 +63,81 @@ def _trial_steps(cfg: dict, spec: dict, data: TokenData, batch: int, device: str
         if device == "cpu"
         else contextlib.nullcontext()
     )
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    steps = cfg["search"]["trial_steps"]
+    probe = MemoryProbe(device, tracker if device == "cpu" else None)
+    phases = dict.fromkeys(PHASES, 0)
+
+    def mark(phase: str) -> None:  # allocator counters only: no synchronization
+        phases[phase] = max(phases[phase], probe.peak())
+        probe.reset_peak()
+
+    steps, state, host = cfg["search"]["trial_steps"], 0, 0
     with tracker:
+        probe.reset_peak()
         for step in range(steps):
             x, y = batches.next()
-            if device == "cuda" and step == steps - 1:
-                torch.cuda.synchronize()  # the last step alone: a rough speed at this batch
-                t_last = time.perf_counter()
-            train_step(applied, opt, x, y, step, train_cfg)
-    if device != "cuda":
-        return {"status": "ok", "peak_mib": tracker.peak / MIB, "peak_reserved_mib": tracker.peak / MIB,
-                "last_step_ms": None}  # fmt: skip
-    torch.cuda.synchronize()
-    return {
+            if step == steps - 1:
+                state = probe.now()
+                if device == "cuda":
+                    torch.cuda.synchronize()  # the last step alone: a rough speed at this batch
+                    t_last = time.perf_counter()
+            train_step(applied, opt, x, y, step, train_cfg, mark)
+            if applied.offloaded is not None:
+                host = max(host, applied.offloaded.bytes)
+    out = {
         "status": "ok",
-        "peak_mib": torch.cuda.max_memory_allocated() / MIB,
-        "peak_reserved_mib": torch.cuda.max_memory_reserved() / MIB,
-        "last_step_ms": (time.perf_counter() - t_last) * 1e3,
+        "peak_mib": max(phases.values()) / MIB,
+        "phase_peak_mib": {k: v / MIB for k, v in phases.items()},
+        "state_mib": state / MIB,
+        "host_pinned_mib": host / MIB if spec["offload"] != "none" else None,
+        "peak_reserved_mib": max(phases.values()) / MIB,
+        "last_step_ms": None,  # a CPU trial runs under the slow memory tracker
     }
+    if device == "cuda":
+        torch.cuda.synchronize()
+        out["last_step_ms"] = (time.perf_counter() - t_last) * 1e3
+        out["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / MIB
+    return out
+
+
+MEASURED = ("peak_mib", "phase_peak_mib", "state_mib", "host_pinned_mib", "peak_reserved_mib",
+            "last_step_ms")  # fmt: skip
 
 
 def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
     """One trial: fits or out of memory (memopt.jobs.outcome), its memory freed before the next."""
     t0 = time.perf_counter()
     work = partial(_trial_steps, cfg, spec, data, batch, device)
-    out = guarded(work, device, batch, ("peak_mib", "peak_reserved_mib", "last_step_ms"))
+    out = guarded(work, device, batch, MEASURED, keep_host_cache=True)  # the search frees it
+    phases = out["phase_peak_mib"] or {}
     return {
         "batch": batch,
         "fits": out["status"] == "ok",
         # Every rank must take the search's next step alike: the fit follows the fullest one.
         "peak_mib": parallel.max_over_ranks(out["peak_mib"]),
+        "phase_peak_mib": {k: parallel.max_over_ranks(v) for k, v in phases.items()} or None,
+        "state_mib": parallel.max_over_ranks(out["state_mib"]),
+        "host_pinned_mib": parallel.max_over_ranks(out["host_pinned_mib"]),
         "peak_reserved_mib": parallel.max_over_ranks(out["peak_reserved_mib"]),
         # CUDA only (a CPU trial runs under the slow memory tracker): one synchronized step.
         "last_step_ms": out["last_step_ms"],
         "seconds": round(time.perf_counter() - t0, 3),
         "compile_cache": compile_cache_counts() if spec["compile"] else None,
+        **({"error": out["error"]} if "error" in out else {}),
     }
 
 
-def _linear_fit(ok: dict[int, float]):
-    """(fixed, per_sample) in MiB through the largest fitting batch and the largest one at most
-    half of it (else the smallest), or None. The pair is wide, since neighbouring batches differ by
-    less than the allocator's rounding, but leaves out the tiniest batches when it can: there a
-    fixed floor (workspaces, the allocator's minimum blocks) is a visible part of the peak, and
-    extrapolated 50x it made the H100's first guess for fp32 with checkpointing 20% too large."""
-    if len(ok) < 2:
-        return None
-    b2 = max(ok)
-    b1 = max((b for b in ok if 2 * b <= b2), default=min(ok))
-    p1, p2 = ok[b1], ok[b2]
-    per_sample = (p2 - p1) / (b2 - b1)
-    return (p1 - per_sample * b1, per_sample) if per_sample > 0 else None
-
-
-def _fit_search(test, g: int, cap: int, available_mib: float, first: int | None = None) -> dict:
-    """Find lo (fits) and hi = lo + g (fails) with few trials; `test(b)` -> peak MiB or None.
-    The first fit uses probes at `first` (default g) and 4 g."""
-    ok, tried, lo, hi = {}, set(), 0, None
-    first_guess, up, down, guessed = None, g, None, False
-
-    def run(b):
-        nonlocal lo, hi
-        tried.add(b)
-        peak = test(b)
-        if peak is None:
-            hi = b if hi is None else min(hi, b)
-        else:
-            ok[b], lo = peak, max(lo, b)
-        return peak is not None
-
-    for b in sorted({min(first or g, cap), min(4 * g, cap)}):  # two probes for the first fit
-        if not run(b):
-            break
-    fit = _linear_fit(ok)
-    if fit is not None and hi is None:  # a third at a quarter of their guess: a short extrapolation
-        guess = int((available_mib - fit[0]) / fit[1]) // g * g
-        if 32 * g <= guess <= cap:  # (beyond the cap the cap itself is tried next)
-            run(guess // 4 // g * g)
-    while lo < cap and (hi is None or hi - lo > g):
-        upper = cap if hi is None else hi - g
-        fit = _linear_fit(ok)
-        guess = None if fit is None else int((available_mib - fit[0]) / fit[1]) // g * g
-        if first_guess is None:
-            first_guess = guess
-        if guess is not None and hi is None and guess > cap:
-            b = cap  # everything up to the cap should fit: check the cap itself
-        elif guess is not None and lo < guess <= upper and guess not in tried:
-            b = guess  # the refitted prediction
-        elif guessed and lo + g <= upper:
-            b = lo + g  # the last prediction fitted: is it the boundary?
-        elif hi is None:
-            b, up = min(lo + up if fit else 2 * lo, cap), up * 2  # gallop up
-        else:
-            # A miss is usually a little above the boundary: walk down from it, first one step
-            # (a fresh prediction's miss is mostly off by one), then in doubling steps from 2% of
-            # the batch, never below the midpoint (worst case: bisection).
-            down = down or g
-            b = max(hi - down, lo + (hi - lo) // (2 * g) * g)
-            down = max(2 * down, hi // 50 // g * g)
-        if b == guess:
-            down = None  # a fresh prediction: a miss restarts the walk with small steps
-        guessed = run(b) and b == guess
-    return {"lo": lo, "hi": hi, "fit": _linear_fit(ok), "first_guess": first_guess}
-
-
-def _bisect_search(test, g: int, cap: int) -> dict:
-    lo, hi, b = 0, None, g
+def _bisect_search(test, cap: int) -> dict:
+    """Doubling, then bisection, in units of the granularity (`strategy: bisect`)."""
+    lo, hi, k, order = 0, None, 1, []
     while hi is None and lo < cap:
-        b = min(b, cap)
-        if test(b) is None:
-            hi = b
-        else:
-            lo, b = b, 2 * b
-    while hi is not None and hi - lo > g:
-        mid = lo + (hi - lo) // (2 * g) * g
-        lo, hi = (mid, hi) if test(mid) is not None else (lo, mid)
-    return {"lo": lo, "hi": hi, "fit": None, "first_guess": None}
+        k = min(k, cap)
+        order.append((k, test(k) is not None))
+        lo, hi, k = (k, None, 2 * k) if order[-1][1] else (lo, k, k)
+    while hi is not None and hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        order.append((mid, test(mid) is not None))
+        lo, hi = (mid, hi) if order[-1][1] else (lo, mid)
+    return {"lo": lo, "hi": hi, "first_guess": None, "order": order}
 
 
 def available_mib(cfg: dict, device: str) -> float:
@@ -210,13 +174,20 @@ def search_max_batch(
     free_memory(device)
     search = cfg["search"]
     g = search["granularity"]
-    cap = min(search["max_batch"], data.max_batch(cfg["model"]["seq_len"])) // g * g
+    data_max = data.max_batch(cfg["model"]["seq_len"])
+    cap = min(search["max_batch"] or data_max, data_max) // g * g
     avail = parallel.min_over_ranks(available_mib(cfg, device))
     if device == "cuda":  # trials may use `avail` and no more: the headroom stays free
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, avail * MIB / torch.cuda.get_device_properties(0).total_memory)
         )
-    trials = []
+    # What a trial may use of each resource: GPU memory in every phase (the allocator's
+    # allocated bytes: near the limit it reserves whatever is free, so peak reserved is no
+    # function of the batch), and the host's pinned memory for offloaded activations.
+    limits = dict.fromkeys(PHASES, avail)
+    if spec["offload"] != "none":
+        limits["host"] = host_budget_bytes() / MIB
+    trials, state = [], {}
     # A parallel search started again after a rank ran out of memory: its trials so far, and
     # its start (its seconds count every launch).
     known = {t["batch"]: t for t in parallel.saved("trials") or []}
@@ -224,29 +195,35 @@ def search_max_batch(
     parallel.barrier()  # every rank has read them before rank 0 writes them again
     parallel.save("search_started", started)
 
-    def test(batch: int):
+    def test(k: int):
+        batch = k * g
         trials.append(known.get(batch) or _trial(cfg, spec, data, batch, device))
         parallel.save("trials", trials)
         t = trials[-1]
         progress(
-            f"[search {technique}] batch {batch}: "
+            f"[search {technique}] trial {len(trials)}, batch {batch}: "
             + (f"fits, peak {t['peak_mib']:,.0f} MiB" if t["fits"] else "out of memory")
             + f" ({t['seconds']:.1f} s{', an earlier launch' if batch in known else ''})"
         )
-        # The fit follows allocated memory: near the limit the caching allocator reserves
-        # whatever is free, so peak reserved is no function of the batch (seen on the H100).
-        return t["peak_mib"] if t["fits"] else None
+        if t["fits"] and not state:  # weights and optimizer state: what exists before a batch
+            state.update(dict.fromkeys(PHASES, t["state_mib"]), host=0.0)
+        return _usage(t) if t["fits"] else None
 
     if cap < g:
-        found = {"lo": 0, "hi": None, "fit": None, "first_guess": None}
+        found = {"lo": 0, "hi": None, "first_guess": None}
     elif search["strategy"] == "fit":
         # A compiled model specializes batch 1 (its own graph, ~30 s on an H100); from batch 2
         # one dynamic-batch graph serves every trial (memopt.runtime.techniques.dynamic_batch).
-        first = 2 * g if spec["compile"] else g
-        found = _fit_search(test, g, cap, avail, first)
+        first = 2 if spec["compile"] else 1
+        found = prove_max(test, cap // g, limits, state, first)
     else:
-        found = _bisect_search(test, g, cap)
-    lo, hi, fit = found["lo"], found["hi"], found["fit"]
+        found = _bisect_search(test, cap // g)
+    free_memory(device)  # the pinned buffers the trials kept too
+    lo = found["lo"] * g
+    hi = None if found["hi"] is None else found["hi"] * g
+    guess = found["first_guess"]
+    guess = None if guess is None else int(guess) * g
+    fit = _line([t for t in trials if t["fits"]])
     status = "capped" if hi is None else ("none_fits" if lo == 0 else "ok")
     result = {
         "technique": technique,
@@ -256,16 +233,38 @@ def search_max_batch(
         "first_failing_batch": hi,
         "granularity": g,
         "cap": cap,
+        "cap_from": "data" if cap == data_max // g * g else "search.max_batch",
         "strategy": search["strategy"],
         "budget_mib": avail,
+        "host_budget_mib": limits.get("host"),
         "headroom_mib": search["headroom_mib"] if device == "cuda" else None,
-        "fit": None if fit is None else {"fixed_mib": fit[0], "per_sample_mib": fit[1]},
-        "predicted_batch": found["first_guess"],
-        "prediction_error": None if found["first_guess"] is None else found["first_guess"] - lo,
+        "fit": fit,
+        "predicted_batch": guess,
+        "prediction_error": None if guess is None or status != "ok" else guess - lo,
         "allocator": cfg["measure"]["cuda_alloc_conf"] if device == "cuda" else None,
         "device": device,
+        "n_trials": len(trials),
         "seconds": round(time.time() - started, 3),
         "trials": trials,
     }
     # The GPU leased for the search included.
     return stamp(result, cfg, spec, device, ("model", "train", "measure", "search"))
+
+
+def _usage(trial: dict) -> dict:
+    """A fitting trial's use of each limited resource, in MiB."""
+    usage = dict(trial["phase_peak_mib"] or {"optimizer": trial["peak_mib"]})
+    if trial["host_pinned_mib"] is not None:
+        usage["host"] = trial["host_pinned_mib"]
+    return usage
+
+
+def _line(fits: list[dict]) -> dict | None:
+    """Peak memory against the batch through the two largest fits: fixed and per-sequence MiB
+    (what the paper and the map report), or None with fewer than two."""
+    if len(fits) < 2:
+        return None
+    (b1, p1), (b2, p2) = sorted((t["batch"], t["peak_mib"]) for t in fits)[-2:]
+    per_sample = (p2 - p1) / (b2 - b1)
+    return {"fixed_mib": p2 - per_sample * b2, "per_sample_mib": per_sample,
+            "batches": [b1, b2]}  # fmt: skip

@@ -43,6 +43,7 @@ from memopt.report.results import (
 )
 from memopt.report.stages import stage_times
 from memopt.report.verdicts import exactness, measurement_share, quality_table, throughput_optimal
+from memopt.runtime.flops import matmul_params, param_count
 
 PROVENANCE_KEYS = (
     "git_commit",
@@ -64,28 +65,15 @@ PROVENANCE_KEYS = (
 # ---------------------------------------------------------------- numbers
 
 
-def param_count(model_cfg: dict, vocab_size: int) -> int:
-    """Trainable parameters of the decoder: tied token embedding + learned positions, per block
-    QKV and output projections with biases, a 2-layer MLP with biases, two LayerNorms, and a
-    final LayerNorm. The LM head shares the token embedding, so it adds nothing."""
-    d, d_ff = model_cfg["d_model"], model_cfg["d_ff"]
-    embeddings = vocab_size * d + model_cfg["seq_len"] * d
-    attention = (3 * d * d + 3 * d) + (d * d + d)
-    mlp = (d * d_ff + d_ff) + (d_ff * d + d)
-    layer_norms = 2 * (2 * d)
-    return embeddings + model_cfg["n_layers"] * (attention + mlp + layer_norms) + 2 * d
-
-
 def flops_summary(model_cfg: dict, vocab_size: int, cells: list[dict]) -> dict:
     """What the paper states about model FLOPs: the matmul weights N_matmul of the formula in
     memopt.runtime.flops.flops_per_token, the FLOPs per token a full-attention cell was credited with,
     and the peak the cells' MFU divides by (both recovered from the cells' own numbers)."""
-    d, L, f = (model_cfg[k] for k in ("d_model", "n_layers", "d_ff"))
     ok = [c for c in cells if c["status"] == "ok" and c.get("model_tflops") and c["tokens_per_s"]]
     full = [c for c in ok if c["window"] is None]
     with_mfu = [c for c in ok if c.get("mfu")]
     return {
-        "n_matmul": L * (4 * d * d + 2 * d * f) + d * vocab_size,
+        "n_matmul": matmul_params(model_cfg, vocab_size),
         "per_token": full[0]["model_tflops"] * 1e12 / full[0]["tokens_per_s"] if full else None,
         "peak_tflops": with_mfu[0]["model_tflops"] / with_mfu[0]["mfu"] if with_mfu else None,
     }

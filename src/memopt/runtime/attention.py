@@ -1,5 +1,7 @@
-"""Causal self-attention kernels, side by side. Each takes q, k, v of shape (B, H, T, D) and an
-optional window W and returns (B, H, T, D).
+"""Causal self-attention kernels, side by side. Each takes q of shape (B, H, T, D), k and v of
+shape (B, H_kv, T, D) and an optional window W and returns (B, H, T, D). With H_kv < H (grouped-
+query attention, the llama block's `n_kv_heads`) each key/value head serves H / H_kv consecutive
+query heads; every kernel does that natively except the explicit one, which repeats them.
 
 Window convention: a query at position i sees exactly the W keys j with i - W < j <= i (itself
 included). flash-attn's `window_size=(left, 0)` covers left + 1 keys, so W maps to (W - 1, 0).
@@ -39,6 +41,8 @@ def band_mask(seq_len: int, window: int | None, device: str) -> torch.Tensor:
 
 def math_attention(q, k, v, window=None):
     """The explicit reference: the N x N score matrix is materialized."""
+    if k.size(1) != q.size(1):  # grouped-query: each key/value head for its group of queries
+        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
     keep = band_mask(q.size(-2), window, str(q.device))
     scores = scores.masked_fill(~keep, float("-inf"))
@@ -53,10 +57,12 @@ def _sdpa(backend: SDPBackend, name: str):
             )
         try:
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                gqa = k.size(1) != q.size(1)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         except RuntimeError as err:
             raise KernelUnavailable(
-                f"attention kernel {name!r} cannot run for q {tuple(q.shape)} {q.dtype} on "
+                f"attention kernel {name!r} cannot run for q {tuple(q.shape)}, k "
+                f"{tuple(k.shape)} {q.dtype} on "
                 f"{q.device.type}: {err}".strip()
             ) from None
 
@@ -119,7 +125,8 @@ def flash_attn_attention(q, k, v, window=None):
         )
     from flash_attn import flash_attn_func
 
-    # flash-attn takes (B, T, H, D); window_size=(left, 0) covers left + 1 keys.
+    # flash-attn takes (B, T, H, D), fewer key/value heads natively; window_size=(left, 0)
+    # covers left + 1 keys.
     out = flash_attn_func(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -162,7 +169,7 @@ def flex_attention(q, k, v, window=None):
             "use 'math' or 'auto' on a CPU"
         )
     block_mask = _flex_block_mask(q.size(-2), window, str(q.device))
-    return _compiled_flex()(q, k, v, block_mask=block_mask)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.size(1) != q.size(1))
 
 
 IMPLEMENTATIONS = {

@@ -1,6 +1,11 @@
-"""A decoder-only transformer: pre-LayerNorm, GELU MLP, learned positions, tied embeddings, dropout.
+"""A decoder-only transformer in two block styles, side by side (`model.arch`):
 
-The model only knows *which* attention kernel and checkpointing policy to use; picking them from a
+- gpt2: pre-LayerNorm, GELU MLP, learned positions, biases;
+- llama: pre-RMSNorm, rotary position embedding on queries and keys, SwiGLU MLP, grouped-query
+  attention (`n_kv_heads` key/value heads shared by the query heads), no biases.
+
+Both tie the output head to the token embedding and drop out on the residual paths (`dropout`),
+so a block style is the only thing that changes between them. The model only knows *which* attention kernel and checkpointing policy to use; picking them from a
 technique's knobs happens in memopt.runtime.techniques.
 """
 
@@ -31,6 +36,9 @@ class ModelConfig:
     d_ff: int
     seq_len: int
     dropout: float = 0.0
+    arch: str = "gpt2"  # gpt2 | llama
+    n_kv_heads: int | None = None  # llama: key/value heads (None: one per query head)
+    rope_theta: float = 10000.0  # llama: the rotary embedding's base
     attention: str = "math"  # a concrete kernel name from memopt.runtime.attention.IMPLEMENTATIONS
     window: int | None = None
     checkpointing: str = "none"  # none | full | every_k | selective
@@ -90,24 +98,79 @@ class Block(nn.Module):
         self.fc_proj = nn.Linear(cfg.d_ff, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x):
+    def forward(self, x):  # gpt2: positions were added to the embedding
         x = x + self.drop(self.attn(self.ln1(x)))
         return x + self.drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)))))
+
+
+def rotary_tables(seq_len: int, head_dim: int, theta: float, device) -> tuple:
+    """cos and sin of every position's angles, (T, head_dim / 2) each, in FP32. Computed in the
+    forward pass: tiny, and a buffer would not survive building the model on the meta device."""
+    inv_freq = theta ** -(
+        torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    )
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, cos, sin):
+    """The rotary embedding on x (B, H, T, D): each pair (x_i, x_{i + D/2}) turned by its
+    position's angle (the GPT-NeoX and Hugging Face Llama layout), in FP32."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.window = cfg.n_heads, cfg.window
+        self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.kv = nn.Linear(cfg.d_model, 2 * self.n_kv_heads * self.head_dim, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.attend = IMPLEMENTATIONS[cfg.attention]
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(B, T, 2 * self.n_kv_heads, self.head_dim).transpose(1, 2).chunk(2, 1)
+        # Fewer key/value heads than query heads: every kernel shares them (grouped-query).
+        y = self.attend(rotate(q, cos, sin), rotate(k, cos, sin), v, self.window)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.RMSNorm(cfg.d_model, eps=1e-5)
+        self.ln2 = nn.RMSNorm(cfg.d_model, eps=1e-5)
+        self.attn = LlamaAttention(cfg)
+        self.fc = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # gate and up, one matmul
+        self.fc_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cos, sin):
+        x = x + self.drop(self.attn(self.ln1(x), cos, sin))
+        gate, up = self.fc(self.ln2(x)).chunk(2, dim=-1)
+        return x + self.drop(self.fc_proj(F.silu(gate) * up))
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.llama = cfg.arch == "llama"
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.pos = None if self.llama else nn.Embedding(cfg.seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        block = LlamaBlock if self.llama else Block
+        self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.RMSNorm(cfg.d_model, eps=1e-5) if self.llama else nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # tied input/output embedding
         self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+        for name, p in self.named_parameters():  # scale residual projections by depth (GPT-2; both)
             if name.endswith(("attn.proj.weight", "fc_proj.weight")):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layers))
 
@@ -126,16 +189,26 @@ class Decoder(nn.Module):
 
     def forward(self, idx, targets=None):
         T = idx.size(1)
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(T, device=idx.device)))
+        if self.llama:
+            x, extra = (
+                self.drop(self.tok(idx)),
+                rotary_tables(
+                    T, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta, idx.device
+                ),
+            )
+        else:
+            x, extra = self.drop(self.tok(idx) + self.pos(torch.arange(T, device=idx.device))), ()
         for i, block in enumerate(self.blocks):
             if self.training and self.checkpointed(i):
                 # Non-reentrant checkpointing restores the RNG state, so dropout masks replay exactly.
                 if self.cfg.checkpointing == "selective":
-                    x = checkpoint(block, x, use_reentrant=False, context_fn=_selective_context)
+                    x = checkpoint(
+                        block, x, *extra, use_reentrant=False, context_fn=_selective_context
+                    )
                 else:
-                    x = checkpoint(block, x, use_reentrant=False)
+                    x = checkpoint(block, x, *extra, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, *extra)
         x = self.ln_f(x)
         if targets is not None and self.cfg.loss != "standard":
             return output_loss(self.cfg.loss, x, self.head.weight, targets, self.cfg.loss_chunk)
@@ -158,7 +231,8 @@ def forget_initial() -> None:
 def build_model(cfg: ModelConfig, seed: int, device: str) -> Decoder:
     """Identical initial weights for every technique: seeded, initialized on the CPU once per
     process and shapes, then copied (a search builds one model per trial)."""
-    key = (cfg.vocab_size, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.seq_len, seed)
+    key = (cfg.arch, cfg.vocab_size, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
+           cfg.d_ff, cfg.seq_len, cfg.rope_theta, seed)  # fmt: skip
     if key not in _INITIAL:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -166,12 +166,16 @@ def _output_hooks(model, probe: MemoryProbe, out: dict) -> list:
     ]
 
 
-def free_memory(device: str) -> None:
+def free_memory(device: str, host_cache: bool = True) -> None:
+    """Everything a job or trial left behind given back; `host_cache` False keeps the cached
+    pinned buffers of offloaded activations for the next trial of a search (pinning tens of GiB
+    again takes seconds per trial; the search gives them back when it ends)."""
     gc.collect()
     if device == "cuda":
         forget_cuda_graphs()  # their memory pools (compile_mode reduce-overhead)
         torch.cuda.empty_cache()
-        empty_host_cache()  # pinned buffers of offloaded activations
+        if host_cache:
+            empty_host_cache()  # pinned buffers of offloaded activations
 
 
 def prepare(cfg: dict, spec: dict, data: TokenData, batch_size: int, device: str, seed: int):

@@ -1,0 +1,171 @@
+"""Where a memory curve crosses its limit: the largest batch that fits, proven in few trials.
+
+Torch-free: a trial is a callable, so the strategy is tested on synthetic curves (tests/
+test_bracket.py) as well as run on a GPU (memopt.jobs.search).
+
+A trial at k (batches are multiples k of the granularity) either fits, and reports what it used
+of each limited resource (the GPU's memory in each phase of the step, and with offloading the
+host's pinned memory), or does not fit. Each resource's use is close to linear in the batch: on
+the H100 the peaks of the default study's techniques lie on one line from batch 4 up to their
+maximum, to the MiB. A bend comes where the event that sets the peak changes (a fixed cost such
+as the optimizer's step at small batches, the activations at large ones), which is why each
+phase is its own resource. The search:
+
+1. trains the first batch (1, or 2 where batch 1 is special), then the batch where the line
+   from the state that exists before any batch (weights, optimizer state) through that trial
+   meets the limit: that line overstates the slope, so the aim is safe and already large;
+2. approaches the crossing of the line through the two largest fits (a parabola through the
+   three largest once they are all large) from below, by a margin as wide as the last
+   prediction's error relative to its length (at first REL_ERROR_START): fits measure and
+   misses do not, so a bend is met by a fit;
+3. once the crossing is within a step of the last fit, tries the next batch up (then 1, 2, 4
+   steps: a curve that bends down keeps saying "this is the boundary");
+4. inside a bracket (a fit below a miss), aims at the crossing, a little below it; walks down
+   from the miss in doubling steps when the miss refuted the line; bisects when two trials did
+   not shrink the bracket four times (so the worst case is bisection).
+
+On synthetic curves (linear, with a small-batch bend, mildly convex or concave, with allocator
+rounding and jitter; maxima 1 to 20,000 on an 80 GB card) it proves the maximum in at most 8
+trials: tests/test_bracket.py.
+
+The upper bound is the data's (a batch cannot hold more sequences than the training tokens
+fill) and an optional cap, never a round number below memory: a search that reaches it says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+Usage = dict[str, float]  # resource -> peak use (MiB) in one trial that fit
+
+REL_ERROR_START = 0.1  # the first extrapolation's assumed error, relative to its length
+MARGIN = 1.5  # the approach stays this many last errors below the crossing
+WALK_FRACTION = 32  # a walk down from a miss starts at 1/32 of the bracket
+SMALL_FIRST_AIM = 4  # the second trial is at least this many times the first
+
+
+def _crossing(fits: dict[int, Usage], resource: str, limit: float, state: float | None):
+    """(k where `resource` meets `limit`, its slope there) from the fits, or None.
+
+    One fit: the line from `state` (use before any batch) through it. Two or more: the line
+    through the two largest; a parabola through the three largest when the smallest of them is
+    at least a quarter of the largest (so a small-batch bend below does not count)."""
+    ks = sorted(k for k in fits if resource in fits[k])
+    if not ks:
+        return None
+    k2 = ks[-1]
+    p2 = fits[k2][resource]
+    if len(ks) == 1:
+        base = state if state is not None and state < p2 else 0.0
+        slope = (p2 - base) / k2
+        return (k2 + (limit - p2) / slope, slope) if slope > 0 else None
+    k1 = ks[-2]
+    slope = (p2 - fits[k1][resource]) / (k2 - k1)
+    if slope <= 0:  # flat between the two (rounding): the slope from the smallest fit
+        slope = (p2 - fits[ks[0]][resource]) / max(1, k2 - ks[0])
+        if slope <= 0:
+            return None
+    crossing = k2 + (limit - p2) / slope
+    if len(ks) >= 3 and 4 * ks[-3] >= k2:
+        k0 = ks[-3]
+        half_curvature = (slope - (fits[k1][resource] - fits[k0][resource]) / (k1 - k0)) / (k2 - k0)
+        slope_at_k2 = slope + half_curvature * (k2 - k1)
+        disc = slope_at_k2**2 + 4 * half_curvature * (limit - p2)
+        if abs(half_curvature) > 1e-15 and slope_at_k2 > 0 and disc >= 0:
+            x = (math.sqrt(disc) - slope_at_k2) / (2 * half_curvature)
+            if x >= 0:
+                return k2 + x, slope_at_k2
+    return crossing, slope
+
+
+def predicted_boundary(fits, limits: dict[str, float], state: dict | None = None):
+    """The largest (fractional) k every resource keeps within its limit, or None."""
+    state = state or {}
+    found = [_crossing(fits, r, limit, state.get(r)) for r, limit in limits.items()]
+    found = [c[0] for c in found if c is not None]
+    return min(found) if found else None
+
+
+def prove_max(
+    test: Callable[[int], Usage | None],
+    ceiling: int,
+    limits: dict[str, float],
+    state: dict | None = None,
+    first: int = 1,
+) -> dict:
+    """The largest k <= ceiling with test(k) fitting and test(k + 1) not (or k = ceiling).
+
+    `test(k)` -> use per resource, or None when k does not fit; `limits`: what each resource may
+    use; `state`: each resource's use before any batch, where known; `first`: the first trial.
+    Returns lo (the largest fit, 0: none), hi (the smallest miss, None: none up to the ceiling),
+    the first prediction from two fits, and the trials in order as (k, fitted).
+    """
+    fits: dict[int, Usage] = {}
+    order: list[tuple[int, bool]] = []
+    lo, hi = 0, None
+
+    def run(k: int) -> bool:
+        nonlocal lo, hi
+        usage = test(k)
+        order.append((k, usage is not None))
+        if usage is None:
+            hi = k if hi is None else min(hi, k)
+        else:
+            fits[k] = usage
+            lo = max(lo, k)
+        return usage is not None
+
+    k = min(first, ceiling)
+    if k >= 1 and not run(k) and k > 1:
+        run(1)
+    rel_error, walk, walks, widths, first_guess = REL_ERROR_START, 0, 0, [], None
+    while lo > 0 and lo < ceiling and (hi is None or hi - lo > 1):
+        crossing = predicted_boundary(fits, limits, state)
+        if first_guess is None and len(fits) >= 2:
+            first_guess = crossing
+        if crossing is None:  # nothing grows with the batch: double, or bisect
+            aim = 2 * lo if hi is None else lo + (hi - lo) // 2
+        elif hi is None:
+            aim, walk, walks = _approach(crossing, lo, len(fits), rel_error, walk, walks)
+        else:
+            widths.append(hi - lo)
+            aim, walk = _inside(crossing, lo, hi, rel_error, walk, widths)
+        aim = max(lo + 1, min(aim, ceiling if hi is None else hi - 1))
+        start, fitted = lo, run(aim)
+        if crossing is None or crossing - start < 1:
+            continue
+        if fitted:  # how far the crossing moved, relative to how far it was extrapolated
+            after = predicted_boundary(fits, limits, state)
+            if after is not None:
+                rel_error = abs(after - crossing) / (crossing - start)
+        elif aim < crossing:  # a miss below the crossing: it was off by at least that much
+            rel_error = max(rel_error, (crossing - aim) / (crossing - start))
+    return {"lo": lo, "hi": hi, "first_guess": first_guess, "order": order}
+
+
+def _approach(crossing: float, lo: int, n_fits: int, rel_error: float, walk: int, walks: int):
+    """The next aim while no batch has missed: (aim, walk, walks)."""
+    if n_fits == 1:  # the line from the state: a safe aim, and a large one
+        return max(int(crossing), SMALL_FIRST_AIM * lo), 0, 0
+    gap = crossing - lo
+    margin = MARGIN * rel_error * gap
+    if gap < 1:  # the line says lo is the boundary: is it? Steps of 1, 1, 2, 4, ...
+        walk = 2 * walk if walks >= 2 else 1
+        return lo + walk, walk, walks + 1
+    if margin >= gap / 2:  # the line is not to be trusted that far: halfway
+        return lo + max(1, int(gap / 2)), 0, 0
+    return int(crossing - margin), 0, 0
+
+
+def _inside(crossing: float, lo: int, hi: int, rel_error: float, walk: int, widths: list):
+    """The next aim inside the bracket lo < k < hi: (aim, walk)."""
+    middle = lo + (hi - lo) // 2
+    if crossing < lo + 1:
+        return lo + 1, walk
+    if len(widths) >= 3 and widths[-1] * 4 > widths[-3]:
+        return middle, walk
+    if crossing >= hi:  # the miss refuted the line: walk down from it in doubling steps
+        walk = 2 * walk if walk < 0 else -max(1, (hi - lo) // WALK_FRACTION)
+        return max(middle, hi + walk), walk
+    return int(crossing - 0.5 * rel_error * (crossing - lo)), walk
