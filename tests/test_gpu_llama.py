@@ -72,7 +72,8 @@ def test_gpu_knobs_train_the_llama_block_as_bf16_does(name):
 def test_fp8_and_a_flex_window_train_the_llama_block():
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("torchao") is None:
         pytest.skip("FP8 needs an FP8 GPU and torchao")
+    bf16 = losses({"precision": "bf16", "attention": "flash"})
     for knobs in ({"precision": "fp8", "attention": "flash"},
                   {"precision": "bf16", "attention": "flex", "window": 64}):  # fmt: skip
-        got = losses(knobs)
-        assert all(torch.isfinite(torch.tensor(got))) and got[-1] < got[0], (knobs, got)
+        got = losses(knobs)  # other functions: near BF16's losses on random tokens, not equal
+        assert max(abs(a - b) for a, b in zip(bf16, got)) < 0.1, (knobs, bf16, got)

@@ -36,7 +36,8 @@ if [[ " $stages " == *" bench "* ]]; then
 fi
 if [[ " $stages " == *" search "* ]]; then
   echo "== batch-size search: fit vs bisect, independent checks"
-  python3 tools/bench_search.py --out "$OUT/search" 2>&1 | tee "$OUT/search.txt"
+  # SEARCH_ARGS, e.g. "--fit offload --bisect --check offload" (default: every technique)
+  python3 tools/bench_search.py --out "$OUT/search" ${SEARCH_ARGS:-} 2>&1 | tee "$OUT/search.txt"
   tar czf "$OUT/search.tar.gz" -C "$OUT" search && rm -rf "$OUT/search"
 fi
 [[ " $stages " == *" smoke "* ]] || exit 0

@@ -1,7 +1,9 @@
 """Causal self-attention kernels, side by side. Each takes q of shape (B, H, T, D), k and v of
 shape (B, H_kv, T, D) and an optional window W and returns (B, H, T, D). With H_kv < H (grouped-
 query attention, the llama block's `n_kv_heads`) each key/value head serves H / H_kv consecutive
-query heads; every kernel does that natively except the explicit one, which repeats them.
+query heads; every kernel does that natively except the explicit one and PyTorch's memory-
+efficient kernel (no grouped-query path in PyTorch 2.11), which get them repeated: copies, as
+many as the query heads, which their memory shows.
 
 Window convention: a query at position i sees exactly the W keys j with i - W < j <= i (itself
 included). flash-attn's `window_size=(left, 0)` covers left + 1 keys, so W maps to (W - 1, 0).
@@ -41,12 +43,18 @@ def band_mask(seq_len: int, window: int | None, device: str) -> torch.Tensor:
 
 def math_attention(q, k, v, window=None):
     """The explicit reference: the N x N score matrix is materialized."""
-    if k.size(1) != q.size(1):  # grouped-query: each key/value head for its group of queries
-        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
+    k, v = _repeat_kv(q, k, v)  # grouped-query: each key/value head for its group of queries
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
     keep = band_mask(q.size(-2), window, str(q.device))
     scores = scores.masked_fill(~keep, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def _repeat_kv(q, k, v):
+    """k and v with each key/value head repeated for its group of query heads."""
+    if k.size(1) == q.size(1):
+        return k, v
+    return (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
 
 
 def _sdpa(backend: SDPBackend, name: str):
@@ -56,6 +64,8 @@ def _sdpa(backend: SDPBackend, name: str):
                 f"attention kernel {name!r} (PyTorch SDPA) has no sliding window"
             )
         try:
+            if backend == SDPBackend.EFFICIENT_ATTENTION:
+                k, v = _repeat_kv(q, k, v)
             with sdpa_kernel([backend]):
                 gqa = k.size(1) != q.size(1)
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
