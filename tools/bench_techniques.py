@@ -117,7 +117,7 @@ def random_tokens(directory: Path, vocab: int, n: int = 8_000_000) -> None:
     rng = np.random.default_rng(0)
     rng.integers(0, vocab, n).astype(np.uint16).tofile(directory / "train.bin")
     rng.integers(0, vocab, 200_000).astype(np.uint16).tofile(directory / "val.bin")
-    meta = {"vocab_size": vocab, "dtype": "uint16"}
+    meta = {"vocab_size": vocab, "dtype": "uint16", "train_tokens": n, "val_tokens": 200_000}
     (directory / "meta.json").write_text(json.dumps(meta))
 
 
