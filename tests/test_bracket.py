@@ -158,3 +158,30 @@ def test_ceiling_none_fits_and_a_compiled_first_trial():
     assert calls[0] == 2 and 1 not in calls and found["lo"] == 1068 and len(calls) <= 8
     found, calls = run(lambda b: 6000.0 * b, 0.0, limit=7000, first=2)  # only batch 1 fits
     assert (found["lo"], found["hi"], calls) == (1, 2, [2, 1])
+
+
+def pinned_mib(b: int, tensors: int = 12, per_sequence_mib: float = 3.65) -> float:
+    """What offloading charges the host for `tensors` saved tensors of b sequences: pieces of
+    256 MiB, the last one rounded up to a power of two (memopt.runtime.offload)."""
+    size = b * per_sequence_mib
+    full, tail = divmod(size, 256.0)
+    return tensors * (256.0 * full + (2 ** math.ceil(math.log2(tail)) if tail else 0.0))
+
+
+def test_the_host_staircase_of_offloaded_checkpoints():
+    """The H100's offload search: the host's pinned bytes grow in steps (twelve checkpoints'
+    last pieces rounded up to powers of two together), under a budget of 64,443 MiB."""
+    budget, calls = 64_443.0, []
+
+    def test(k):
+        calls.append(k)
+        u = {"backward": 1500 + 38.5 * k}
+        return u if u["backward"] <= 79_500 and pinned_mib(k) <= budget else None
+
+    def host_bound(fits):  # the search predicts it from the tensors a trial offloaded
+        return max((k for k in range(1, 19_001) if pinned_mib(k) <= budget), default=0)
+
+    found = prove_max(test, 19_000, {"backward": 79_500.0}, {"backward": 1330.0}, bound=host_bound)
+    lo = found["lo"]
+    assert pinned_mib(lo) <= 64_443 < pinned_mib(lo + 1) and found["hi"] == lo + 1
+    assert len(calls) <= 4, found["order"]  # 1, the state line, the bound, one step past it

@@ -213,3 +213,25 @@ def test_too_little_text_for_the_sequence_length_names_the_split_and_the_fix():
         Batches(few, 32, 4, 0, "cpu")
     with pytest.raises(MemoptError, match=r"validation split has 20 tokens.*corpus\.val_fraction"):
         eval_sequences(few, 32, 8)
+
+
+def test_the_host_bound_scales_what_grew_and_charges_it_as_offloading_pins_it():
+    """Twelve checkpoints grow with the batch, two small tensors do not: the bound is the
+    largest batch whose pinned pieces (256 MiB, the last rounded up to a power of two) stay
+    within the budget, found from two trials without running it."""
+    from memopt.jobs.search import _host_bound
+    from memopt.runtime.offload import charged_bytes
+
+    per_sequence, fixed = 3_827_302, 65_536  # bytes of one checkpoint per sequence; a constant
+
+    def trial(b):
+        return {"batch": b, "fits": True, "host_tensors": [[fixed, 2], [per_sequence * b, 12]]}
+
+    def pinned(b):
+        return 2 * charged_bytes(fixed) + 12 * charged_bytes(per_sequence * b)
+
+    budget = 64_443 * 2**20
+    bound = _host_bound([trial(150), trial(700)], 1, budget, 19_000, {})
+    assert pinned(bound) <= budget < pinned(bound + 1)
+    assert _host_bound([trial(150), trial(700)], 4, budget, 19_000, {}) == bound // 4
+    assert _host_bound([], 1, budget, 19_000, {}) is None

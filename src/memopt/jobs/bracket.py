@@ -43,6 +43,7 @@ REL_ERROR_START = 0.1  # the first extrapolation's assumed error, relative to it
 MARGIN = 1.5  # the approach stays this many last errors below the crossing
 WALK_FRACTION = 32  # a walk down from a miss starts at 1/32 of the bracket
 SMALL_FIRST_AIM = 4  # the second trial is at least this many times the first
+SMALL_BRACKET = 16  # a refuted line inside a bracket this narrow: bisection
 
 
 def _crossing(fits: dict[int, Usage], resource: str, limit: float, state: float | None):
@@ -79,11 +80,14 @@ def _crossing(fits: dict[int, Usage], resource: str, limit: float, state: float 
     return crossing, slope
 
 
-def predicted_boundary(fits, limits: dict[str, float], state: dict | None = None):
-    """The largest (fractional) k every resource keeps within its limit, or None."""
+def predicted_boundary(fits, limits: dict[str, float], state: dict | None = None, bound=None):
+    """The largest (fractional) k every resource keeps within its limit, and within what
+    `bound(fits)` allows (a limit the caller predicts exactly), or None."""
     state = state or {}
     found = [_crossing(fits, r, limit, state.get(r)) for r, limit in limits.items()]
     found = [c[0] for c in found if c is not None]
+    if bound is not None and (exact := bound(fits)) is not None:
+        found.append(exact + 0.5)  # the largest allowed k: the boundary lies half a step on
     return min(found) if found else None
 
 
@@ -93,11 +97,14 @@ def prove_max(
     limits: dict[str, float],
     state: dict | None = None,
     first: int = 1,
+    bound: Callable[[dict], int | None] | None = None,
 ) -> dict:
     """The largest k <= ceiling with test(k) fitting and test(k + 1) not (or k = ceiling).
 
     `test(k)` -> use per resource, or None when k does not fit; `limits`: what each resource may
-    use; `state`: each resource's use before any batch, where known; `first`: the first trial.
+    use; `state`: each resource's use before any batch, where known; `first`: the first trial;
+    `bound(fits)`: the largest k a limit that the caller predicts exactly allows (the host's
+    pinned memory: memopt.jobs.search), or None.
     Returns lo (the largest fit, 0: none), hi (the smallest miss, None: none up to the ceiling),
     the first prediction from two fits, and the trials in order as (k, fitted).
     """
@@ -121,11 +128,18 @@ def prove_max(
         run(1)
     rel_error, walk, walks, widths, first_guess = REL_ERROR_START, 0, 0, [], None
     while lo > 0 and lo < ceiling and (hi is None or hi - lo > 1):
-        crossing = predicted_boundary(fits, limits, state)
+        crossing = predicted_boundary(fits, limits, state, bound)
         if first_guess is None and len(fits) >= 2:
             first_guess = crossing
         if crossing is None:  # nothing grows with the batch: double, or bisect
             aim = 2 * lo if hi is None else lo + (hi - lo) // 2
+        elif (
+            hi is None
+            and bound is not None
+            and bound(fits) is not None
+            and (bound(fits) + 0.5 == crossing and bound(fits) > lo)
+        ):
+            aim = bound(fits)  # the exactly predicted limit binds: its largest k itself
         elif hi is None:
             aim, walk, walks = _approach(crossing, lo, len(fits), rel_error, walk, walks)
         else:
@@ -136,7 +150,7 @@ def prove_max(
         if crossing is None or crossing - start < 1:
             continue
         if fitted:  # how far the crossing moved, relative to how far it was extrapolated
-            after = predicted_boundary(fits, limits, state)
+            after = predicted_boundary(fits, limits, state, bound)
             if after is not None:
                 rel_error = abs(after - crossing) / (crossing - start)
         elif aim < crossing:  # a miss below the crossing: it was off by at least that much
@@ -165,6 +179,8 @@ def _inside(crossing: float, lo: int, hi: int, rel_error: float, walk: int, widt
         return lo + 1, walk
     if len(widths) >= 3 and widths[-1] * 4 > widths[-3]:
         return middle, walk
+    if crossing >= hi and hi - lo <= SMALL_BRACKET:
+        return middle, walk  # refuted near the boundary (a staircase, rounding): bisect
     if crossing >= hi:  # the miss refuted the line: walk down from it in doubling steps
         walk = 2 * walk if walk < 0 else -max(1, (hi - lo) // WALK_FRACTION)
         return max(middle, hi + walk), walk

@@ -32,7 +32,7 @@ from memopt.jobs.bracket import prove_max
 from memopt.jobs.outcome import guarded, stamp
 from memopt.runtime import parallel
 from memopt.runtime.measure import MIB, MemoryProbe, TensorMemoryTracker
-from memopt.runtime.offload import host_budget_bytes
+from memopt.runtime.offload import charged_bytes, host_budget_bytes
 from memopt.runtime.step import (
     budget_bytes,
     free_memory,
@@ -64,13 +64,15 @@ def _trial_steps(cfg: dict, spec: dict, data: TokenData, batch: int, device: str
         else contextlib.nullcontext()
     )
     probe = MemoryProbe(device, tracker if device == "cpu" else None)
-    phases = dict.fromkeys(PHASES, 0)
+    phases, reserved = dict.fromkeys(PHASES, 0), [0]
 
     def mark(phase: str) -> None:  # allocator counters only: no synchronization
         phases[phase] = max(phases[phase], probe.peak())
+        if device == "cuda":
+            reserved[0] = max(reserved[0], torch.cuda.max_memory_reserved())
         probe.reset_peak()
 
-    steps, state, host = cfg["search"]["trial_steps"], 0, 0
+    steps, state, host, host_tensors = cfg["search"]["trial_steps"], 0, 0, {}
     with tracker:
         probe.reset_peak()
         for step in range(steps):
@@ -81,26 +83,28 @@ def _trial_steps(cfg: dict, spec: dict, data: TokenData, batch: int, device: str
                     torch.cuda.synchronize()  # the last step alone: a rough speed at this batch
                     t_last = time.perf_counter()
             train_step(applied, opt, x, y, step, train_cfg, mark)
-            if applied.offloaded is not None:
-                host = max(host, applied.offloaded.bytes)
+            if applied.offloaded is not None and applied.offloaded.bytes >= host:
+                host, host_tensors = applied.offloaded.bytes, applied.offloaded.sizes
     out = {
         "status": "ok",
         "peak_mib": max(phases.values()) / MIB,
         "phase_peak_mib": {k: v / MIB for k, v in phases.items()},
         "state_mib": state / MIB,
         "host_pinned_mib": host / MIB if spec["offload"] != "none" else None,
+        # The offloaded tensors' sizes, from which the search predicts the host's limit exactly.
+        "host_tensors": sorted(host_tensors.items()) if spec["offload"] != "none" else None,
         "peak_reserved_mib": max(phases.values()) / MIB,
         "last_step_ms": None,  # a CPU trial runs under the slow memory tracker
     }
     if device == "cuda":
         torch.cuda.synchronize()
         out["last_step_ms"] = (time.perf_counter() - t_last) * 1e3
-        out["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / MIB
+        out["peak_reserved_mib"] = reserved[0] / MIB
     return out
 
 
-MEASURED = ("peak_mib", "phase_peak_mib", "state_mib", "host_pinned_mib", "peak_reserved_mib",
-            "last_step_ms")  # fmt: skip
+MEASURED = ("peak_mib", "phase_peak_mib", "state_mib", "host_pinned_mib", "host_tensors",
+            "peak_reserved_mib", "last_step_ms")  # fmt: skip
 
 
 def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
@@ -117,6 +121,7 @@ def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> d
         "phase_peak_mib": {k: parallel.max_over_ranks(v) for k, v in phases.items()} or None,
         "state_mib": parallel.max_over_ranks(out["state_mib"]),
         "host_pinned_mib": parallel.max_over_ranks(out["host_pinned_mib"]),
+        "host_tensors": out["host_tensors"],
         "peak_reserved_mib": parallel.max_over_ranks(out["peak_reserved_mib"]),
         # CUDA only (a CPU trial runs under the slow memory tracker): one synchronized step.
         "last_step_ms": out["last_step_ms"],
@@ -160,6 +165,17 @@ def available_mib(cfg: dict, device: str) -> float:
     return budget / MIB
 
 
+def limit_trials(cfg: dict, device: str) -> float:
+    """What a trial may use (MiB, the fullest rank's least), set as this process's limit on a
+    GPU so the headroom stays free: a check of the answer outside the search sets it too."""
+    avail = parallel.min_over_ranks(available_mib(cfg, device))
+    if device == "cuda":
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, avail * MIB / torch.cuda.get_device_properties(0).total_memory)
+        )
+    return avail
+
+
 def search_max_batch(
     cfg: dict, technique: str, data: TokenData, device: str, progress=print
 ) -> dict:
@@ -176,17 +192,12 @@ def search_max_batch(
     g = search["granularity"]
     data_max = data.max_batch(cfg["model"]["seq_len"])
     cap = min(search["max_batch"] or data_max, data_max) // g * g
-    avail = parallel.min_over_ranks(available_mib(cfg, device))
-    if device == "cuda":  # trials may use `avail` and no more: the headroom stays free
-        torch.cuda.set_per_process_memory_fraction(
-            min(1.0, avail * MIB / torch.cuda.get_device_properties(0).total_memory)
-        )
+    avail = limit_trials(cfg, device)
     # What a trial may use of each resource: GPU memory in every phase (the allocator's
     # allocated bytes: near the limit it reserves whatever is free, so peak reserved is no
     # function of the batch), and the host's pinned memory for offloaded activations.
     limits = dict.fromkeys(PHASES, avail)
-    if spec["offload"] != "none":
-        limits["host"] = host_budget_bytes() / MIB
+    host_budget = host_budget_bytes() if spec["offload"] != "none" else None
     trials, state = [], {}
     # A parallel search started again after a rank ran out of memory: its trials so far, and
     # its start (its seconds count every launch).
@@ -215,7 +226,8 @@ def search_max_batch(
         # A compiled model specializes batch 1 (its own graph, ~30 s on an H100); from batch 2
         # one dynamic-batch graph serves every trial (memopt.runtime.techniques.dynamic_batch).
         first = 2 if spec["compile"] else 1
-        found = prove_max(test, cap // g, limits, state, first)
+        bound = None if host_budget is None else partial(_host_bound, trials, g, host_budget, cap)
+        found = prove_max(test, cap // g, limits, state, first, bound)
     else:
         found = _bisect_search(test, cap // g)
     free_memory(device)  # the pinned buffers the trials kept too
@@ -236,7 +248,7 @@ def search_max_batch(
         "cap_from": "data" if cap == data_max // g * g else "search.max_batch",
         "strategy": search["strategy"],
         "budget_mib": avail,
-        "host_budget_mib": limits.get("host"),
+        "host_budget_mib": None if host_budget is None else host_budget / MIB,
         "headroom_mib": search["headroom_mib"] if device == "cuda" else None,
         "fit": fit,
         "predicted_batch": guess,
@@ -252,11 +264,30 @@ def search_max_batch(
 
 
 def _usage(trial: dict) -> dict:
-    """A fitting trial's use of each limited resource, in MiB."""
-    usage = dict(trial["phase_peak_mib"] or {"optimizer": trial["peak_mib"]})
-    if trial["host_pinned_mib"] is not None:
-        usage["host"] = trial["host_pinned_mib"]
-    return usage
+    """A fitting trial's GPU memory in each phase, in MiB."""
+    return dict(trial["phase_peak_mib"] or {"optimizer": trial["peak_mib"]})
+
+
+def _host_bound(trials: list, g: int, budget: int, cap: int, fits: dict) -> int | None:
+    """The largest k (batches of k * g) whose offloaded tensors stay within the host's pinned
+    budget: the tensors of the largest fitting trial, those that grew since the one before it
+    scaled with the batch, each charged as memopt.runtime.offload pins it (pieces, the last
+    rounded up to a power of two; a staircase no line follows). None before the first fit."""
+    done = sorted((t for t in trials if t["fits"] and t["host_tensors"]), key=lambda t: t["batch"])
+    if not done:
+        return None
+    last = done[-1]
+    fixed = dict(done[-2]["host_tensors"]) if len(done) > 1 else {}
+
+    def charged(k: int) -> int:
+        return sum(n * charged_bytes(size if fixed.get(size) == n else size * k * g // last["batch"])
+                   for size, n in last["host_tensors"])  # fmt: skip
+
+    lo, hi = 0, cap // g + 1  # charged(lo) fits, charged(hi) does not (or past the cap)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if charged(mid) <= budget else (lo, mid)
+    return lo
 
 
 def _line(fits: list[dict]) -> dict | None:

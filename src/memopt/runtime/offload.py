@@ -48,6 +48,7 @@ class OffloadedBytes:
     def __init__(self, budget: int | None = None):
         self.tensors = 0
         self.bytes = 0
+        self.sizes: dict[int, int] = {}  # bytes of an offloaded tensor -> how many
         self.budget = host_budget_bytes() if budget is None else budget
 
 
@@ -58,6 +59,13 @@ PIECE_BYTES = 1 << 28
 
 def _pinned_bytes(nbytes: int) -> int:
     return 1 << max(0, nbytes - 1).bit_length()
+
+
+def charged_bytes(nbytes: int) -> int:
+    """What offloading one tensor of `nbytes` pins: pieces of PIECE_BYTES, the last one rounded
+    up to a power of two (a search predicts the host's limit from it)."""
+    full, tail = divmod(nbytes, PIECE_BYTES)
+    return full * PIECE_BYTES + (_pinned_bytes(tail) if tail else 0)
 
 
 def _flat(t: torch.Tensor):
@@ -99,6 +107,9 @@ def _to_host(flat: torch.Tensor, stats: OffloadedBytes) -> list[torch.Tensor]:
         pieces.append(host.copy_(chunk, non_blocking=pinned))
         stats.bytes += charged
     stats.tensors += 1
+    if pinned:
+        size = flat.numel() * flat.element_size()
+        stats.sizes[size] = stats.sizes.get(size, 0) + 1
     return pieces
 
 
