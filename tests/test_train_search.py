@@ -1,6 +1,7 @@
 """Cells and the batch-size search on a CPU, against tracked tensor memory."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -216,19 +217,23 @@ def test_too_little_text_for_the_sequence_length_names_the_split_and_the_fix():
 
 
 def test_the_host_bound_scales_what_grew_and_charges_it_as_offloading_pins_it():
-    """Twelve checkpoints grow with the batch, two small tensors do not: the bound is the
+    """Twelve checkpoints grow with the batch, two small tensors do not, loss chunks (12 MiB,
+    pinned as 16) come more often with it: the bound is the
     largest batch whose pinned pieces (256 MiB, the last rounded up to a power of two) stay
     within the budget, found from two trials without running it."""
     from memopt.jobs.search import _host_bound
     from memopt.runtime.offload import charged_bytes
 
-    per_sequence, fixed = 3_827_302, 65_536  # bytes of one checkpoint per sequence; a constant
+    # bytes of one checkpoint per sequence; a constant; a loss chunk, one per 4 sequences
+    per_sequence, fixed, chunk = 3_827_302, 65_536, 12 * 2**20
 
     def trial(b):
-        return {"batch": b, "fits": True, "host_tensors": [[fixed, 2], [per_sequence * b, 12]]}
+        tensors = [[fixed, 2], [per_sequence * b, 12], [chunk, math.ceil(b / 4)]]
+        return {"batch": b, "fits": True, "host_tensors": sorted(tensors)}
 
     def pinned(b):
-        return 2 * charged_bytes(fixed) + 12 * charged_bytes(per_sequence * b)
+        checkpoints = 12 * charged_bytes(per_sequence * b)
+        return 2 * charged_bytes(fixed) + checkpoints + math.ceil(b / 4) * charged_bytes(chunk)
 
     budget = 64_443 * 2**20
     bound = _host_bound([trial(150), trial(700)], 1, budget, 19_000, {})

@@ -20,6 +20,7 @@ emptied before the next, and tests check that results do not depend on the searc
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from functools import partial
 
@@ -270,18 +271,28 @@ def _usage(trial: dict) -> dict:
 
 def _host_bound(trials: list, g: int, budget: int, cap: int, fits: dict) -> int | None:
     """The largest k (batches of k * g) whose offloaded tensors stay within the host's pinned
-    budget: the tensors of the largest fitting trial, those that grew since the one before it
-    scaled with the batch, each charged as memopt.runtime.offload pins it (pieces, the last
-    rounded up to a power of two; a staircase no line follows). None before the first fit."""
+    budget, each charged as memopt.runtime.offload pins it (pieces, the last rounded up to a
+    power of two: a staircase no line follows). From the largest fitting trial's tensors,
+    compared with the trial before it: a size both hold as often is fixed; a size both hold,
+    more often in the larger, comes more often with the batch (the chunked loss's chunks); a
+    size only the larger holds grows with the batch (the checkpoints). None before a fit."""
     done = sorted((t for t in trials if t["fits"] and t["host_tensors"]), key=lambda t: t["batch"])
     if not done:
         return None
     last = done[-1]
-    fixed = dict(done[-2]["host_tensors"]) if len(done) > 1 else {}
+    before = dict(done[-2]["host_tensors"]) if len(done) > 1 else {}
+    scale = g / last["batch"]
 
     def charged(k: int) -> int:
-        return sum(n * charged_bytes(size if fixed.get(size) == n else size * k * g // last["batch"])
-                   for size, n in last["host_tensors"])  # fmt: skip
+        total = 0
+        for size, n in last["host_tensors"]:
+            if size not in before:
+                total += n * charged_bytes(int(size * k * scale))
+            else:
+                total += (n if before[size] == n else math.ceil(n * k * scale)) * charged_bytes(
+                    size
+                )
+        return total
 
     lo, hi = 0, cap // g + 1  # charged(lo) fits, charged(hi) does not (or past the cap)
     while hi - lo > 1:
