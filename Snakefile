@@ -12,6 +12,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/paper.smk"
+include: "workflow/rules/map.smk"
 
 
 # Before the first job: this folder is this study's (claimed for it), and the study's device is
@@ -29,14 +30,13 @@ onstart:
 # Every result the paper is made of, not only the paper: Snakemake skips a missing intermediate
 # file when what is built from it looks up to date, so a result lost to a crash or deleted by hand
 # would stay lost. Asking for all of them makes a plain rerun rebuild whatever is missing.
+# A map study's: its points' searches and cells and their table (workflow/rules/map.smk).
 rule all:
     default_target: True
     input:
-        SEARCHES,
-        EXACTNESS,
-        CELLS,
-        QUALITY,
-        "results/summary.csv",
-        "results/quality.csv",
-        FIGURES,
-        PAPER,
+        MAP_SEARCHES + MAP_CELLS + ["results/map.csv"] if MAP_POINTS else [],
+        SEARCHES if not MAP_POINTS else [],
+        EXACTNESS if not MAP_POINTS else [],
+        CELLS if not MAP_POINTS else [],
+        QUALITY if not MAP_POINTS else [],
+        ["results/summary.csv", "results/quality.csv"] + FIGURES + PAPER if not MAP_POINTS else [],

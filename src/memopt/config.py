@@ -31,6 +31,13 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
         raise ConfigError(f"config schema not found at {path}; reinstall memopt (pip install .)")
     schema = yaml.safe_load(path.read_text())
     schema["properties"]["techniques"]["additionalProperties"]["properties"] = schema_properties()
+    # A map's model takes the model's keys but its length and no defaults (it overrides).
+    model = schema["properties"]["model"]["properties"]
+    schema["properties"]["map"]["properties"]["models"]["additionalProperties"]["properties"] = {
+        k: {f: v for f, v in prop.items() if f != "default"}
+        for k, prop in model.items()
+        if k != "seq_len"
+    }
     return schema
 
 

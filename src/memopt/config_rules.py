@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from memopt.errors import ConfigError
 from memopt.knobs import KNOBS
+from memopt.map_points import map_points
 
 
 def check_cross_keys(cfg: dict) -> None:
@@ -17,6 +18,11 @@ def check_cross_keys(cfg: dict) -> None:
             f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
         )
     problems += _arch_problems(m)
+    for point, model in map_points(cfg).items():  # every map point's block, named by its key
+        problems += [f"map.models ({point}): {p}" for p in _arch_problems(model)]
+        if model["d_model"] % model["n_heads"]:
+            problems.append(f"map.models ({point}): model.n_heads: {model['n_heads']} does not "
+                            f"divide model.d_model ({model['d_model']})")  # fmt: skip
     for name, spec in cfg["techniques"].items():
         problems += _technique_problems(f"techniques.{name}", spec, cfg)
         problems += _parallel_problems(f"techniques.{name}", spec, cfg)

@@ -10,6 +10,7 @@ from memopt.run.closure import code_inputs, jobs_import_from
 
 jobs_import_from(Path(workflow.basedir) / "src")
 from memopt.config import Params, empty_overrides, validate_config
+from memopt.map_points import map_points, point_models, point_study
 from memopt.errors import ConfigError
 from memopt.runtime.functions import functions, quality_spec
 from memopt.report.paper_format import tex_engine
@@ -73,6 +74,14 @@ STAGE_BENCHMARKS = (
     + expand("results/benchmarks/quality/{function}/{seed}.tsv", function=list(FUNCTIONS), seed=SEEDS)
 )
 TOKENS = multiext("data/tokens/", "train.bin", "val.bin", "meta.json")
+# A map study's points (memopt.map_points): a search and a cell per point and technique.
+MAP_POINTS = map_points(STUDY)
+MAP_SEARCHES = expand(
+    "results/map/{point}/search/{technique}.json", point=list(MAP_POINTS), technique=TECHNIQUES
+)
+MAP_CELLS = expand(
+    "results/map/{point}/cells/{technique}/max.json", point=list(MAP_POINTS), technique=TECHNIQUES
+)
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
 
 
@@ -85,6 +94,11 @@ def code(script):
     """A rule's code inputs: the memopt sources its script can run (memopt.run.closure), so editing
     one reruns exactly the rules that import it."""
     return code_inputs(ROOT / "workflow" / "scripts" / f"{script}.py")
+
+
+def point_params(keys):
+    """A map point's job sees the study with the point's model in place of the study's."""
+    return lambda w: Params({k: point_study(STUDY, w.point)[k] for k in keys})
 
 
 def technique_spec(w):
@@ -107,6 +121,7 @@ QUALITY_PARAMS = Params(
 
 wildcard_constraints:
     technique="|".join(TECHNIQUES),
+    point="|".join(MAP_POINTS) or "(?!)",  # (no map: matches nothing)
     batch="|".join(BATCHES),
     function="|".join(FUNCTIONS),
     seed=r"\d+",

@@ -1,4 +1,4 @@
-# Adapter: rule cell -> memopt.jobs.pipeline.cell_file (in the warm worker, memopt.run.worker)
+# Adapter: rules cell and map_cell (at `max`) -> memopt.jobs.pipeline.cell_file (in the warm worker, memopt.run.worker)
 from pathlib import Path
 
 from memopt.config import validate_config
@@ -15,11 +15,11 @@ study = dict(
 args = dict(
     cfg=study,
     technique=sm.wildcards.technique,
-    entry=sm.wildcards.batch,
+    entry=sm.wildcards.get("batch", "max"),
     tokens_dir=str(Path(sm.input[0]).parent),
     search_dir=str(Path(sm.input.own).parent),
     out=sm.output[0],
     threads=sm.threads,
-    same_cell=sm.input.same or None,  # for `max`: the same cell, reused when the batch is equal
+    same_cell=sm.input.get("same") or None,  # for `max`: the same cell, reused when the batch is equal
 )
 run_job(settings["worker"], "cell_file", args, sm.log[0])
