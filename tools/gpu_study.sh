@@ -21,6 +21,7 @@
 # fresh ones), so Snakemake's usual rerun triggers see exactly what one uninterrupted run would.
 #
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
+# a map study (config/map.yaml) runs one point per target, so each point runs on one machine;
 # STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONE_CALL=1 runs them all in one Snakemake
 # call (no deadline: one machine for the whole study, no DAG rebuilt per target).
 # STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU).
@@ -43,6 +44,12 @@ from memopt.config import validate_config
 from memopt.runtime.functions import functions
 c = validate_config(yaml.safe_load(open(sys.argv[1])))
 default = sys.argv[1] == "config.yaml"
+if c["map"]:  # a map study: one target per point (its searches and cells on one machine)
+    from memopt.map_points import map_points
+    for point, model in map_points(c).items():  # rough H100 seconds until measured (20 s on a CPU)
+        print(f"point:{point}", 20 if c["device"] != "cuda" else 240 + model["seq_len"] // 64)
+    print("results/map.csv 20")
+    sys.exit()
 print("searches", 360 if default else 20)
 for t in c["techniques"]:
     for b in c["batch_sizes"]:
@@ -77,7 +84,9 @@ SAME="data/corpus/train.jsonl data/corpus/val.jsonl data/tokenizer/spm.model dat
 DATA="$SAME data/corpus/stats.json data/tokenizer/spm.json"
 
 target_files() {
-  if [ "$1" = searches ]; then
+  if [[ "$1" == point:* ]]; then  # a map point: its searches and cells
+    python3 -c "import yaml; p='${1#point:}'; print(' '.join(f'results/map/{p}/{k}' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques'] for k in (f'search/{t}.json', f'cells/{t}/max.json')))"
+  elif [ "$1" = searches ]; then
     python3 -c "import yaml; print(' '.join(f'results/search/{t}.json' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques']))"
   else
     echo "$1"
@@ -153,7 +162,7 @@ case ${1:-} in
       sleep 10
     done
     awk '/^== piece start/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RUNLOG" | grep -E "^== |steps \(|Error|error" | tail -40
-    echo "cells done: $(find results/cells -name '*.json' 2>/dev/null | wc -l)," \
+    echo "cells done: $(find results/cells results/map -path '*cells*' -name '*.json' 2>/dev/null | wc -l)," \
       "quality runs done: $(find results/quality -name '*.json' 2>/dev/null | wc -l)"
     ;;
   save)
