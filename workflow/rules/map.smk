@@ -4,65 +4,65 @@
 
 
 rule map_search:
+    output:
+        search="results/map/{point}/search/{technique}.json",
     input:
         TOKENS,
-        code=code("map_search"),
-    output:
-        "results/map/{point}/search/{technique}.json",
+        code=code("search"),
+    params:
+        study=point_params(TRAIN_KEYS),
+        spec=technique_spec,
+    resources:
+        **TECHNIQUE_RESOURCES,
+    threads: 4
     log:
         "logs/map/{point}/search/{technique}.log",
     benchmark:
         "results/benchmarks/map/{point}/search/{technique}.tsv"
     conda:
         CONDA_ENV
-    threads: 4
-    resources:
-        **TECHNIQUE_RESOURCES,
-    params:
-        study=point_params(TRAIN_KEYS),
-        spec=technique_spec,
     script:
-        "../scripts/map_search.py"
+        "../scripts/search.py"
 
 
 rule map_cell:
-    input:
-        TOKENS,
-        own=rules.map_search.output[0],
-        code=code("cell"),
     output:
         "results/map/{point}/cells/{technique}/max.json",
+    input:
+        TOKENS,
+        own=rules.map_search.output.search,
+        code=code("cell"),
+    params:
+        study=point_params(TRAIN_KEYS),
+        spec=technique_spec,
+    resources:
+        **TECHNIQUE_RESOURCES,
+    threads: 4
     log:
         "logs/map/{point}/cells/{technique}.log",
     benchmark:
         "results/benchmarks/map/{point}/cell/{technique}.tsv"
     conda:
         CONDA_ENV
-    threads: 4
-    resources:
-        **TECHNIQUE_RESOURCES,
-    params:
-        study=point_params(TRAIN_KEYS),
-        spec=technique_spec,
     script:
         "../scripts/cell.py"
 
 
 rule map_aggregate:
+    output:
+        "results/map.csv",
     input:
         MAP_SEARCHES,
         MAP_CELLS,
         tokens="data/tokens/meta.json",
         code=code("map_aggregate"),
-    output:
-        "results/map.csv",
-    log:
-        "logs/map_aggregate.log",
-    conda:
-        CONDA_ENV
     params:
         points=Params(MAP_POINTS),
         models=Params(point_models(STUDY)),
         order=TECHNIQUE_ORDER,
+    log:
+        "logs/map_aggregate.log",
+    conda:
+        CONDA_ENV
     script:
         "../scripts/map_aggregate.py"

@@ -1,4 +1,4 @@
-# Adapter: rule search -> memopt.jobs.pipeline.search_file (in the warm worker, memopt.run.worker)
+# Adapter: rules search and map_search (no exactness run) -> memopt.jobs.pipeline.search_file (in the warm worker, memopt.run.worker)
 from pathlib import Path
 
 from memopt.config import validate_config
@@ -12,6 +12,6 @@ args = dict(
     tokens_dir=str(Path(sm.input[0]).parent),
     out=sm.output.search,
     threads=sm.threads,
-    exactness_out=sm.output.exactness,
+    exactness_out=sm.output.get("exactness"),
 )
 run_job(validate_config(sm.config)["worker"], "search_file", args, sm.log[0])
