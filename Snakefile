@@ -30,11 +30,11 @@ onstart:
 # Every result the paper is made of, not only the paper: Snakemake skips a missing intermediate
 # file when what is built from it looks up to date, so a result lost to a crash or deleted by hand
 # would stay lost. Asking for all of them makes a plain rerun rebuild whatever is missing.
-# A map study's: its points' searches and cells and their table (workflow/rules/map.smk).
+# A map study's: its points' searches and cells, their table and figures (workflow/rules/map.smk).
 rule all:
     default_target: True
     input:
-        MAP_SEARCHES + MAP_CELLS + ["results/map.csv"] if MAP_POINTS else [],
+        MAP_SEARCHES + MAP_CELLS + ["results/map.csv"] + MAP_FIGURES if MAP_POINTS else [],
         SEARCHES if not MAP_POINTS else [],
         EXACTNESS if not MAP_POINTS else [],
         CELLS if not MAP_POINTS else [],

@@ -56,12 +56,15 @@ def test_a_point_is_the_study_model_with_its_keys():
         ({"x": {"seq_len": 128}}, "unknown key 'seq_len' in map.models.x"),
         ({"x": {"n_heads": 7}}, "map.models (x_64): model.n_heads: 7 does not divide"),
         ({"Big": {}}, "map.models"),
+        ({"x": {}, "reference": "flash"}, "map.reference: 'flash' is not a technique; allowed: b"),
     ],
 )
 def test_impossible_points_are_refused_at_load(models, fragment):
+    plan = {"models": models, "seq_lens": [64]}
+    if "reference" in models:
+        plan["reference"] = models.pop("reference")
     with pytest.raises(ConfigError) as err:
-        validate_config({"map": {"models": models, "seq_lens": [64]}, "techniques": {"b": {}},
-                         "baseline": "b"})  # fmt: skip
+        validate_config({"map": plan, "techniques": {"b": {}}, "baseline": "b"})
     assert fragment in str(err.value)
 
 
@@ -111,7 +114,7 @@ def test_the_map_dag_has_a_search_and_a_cell_per_point_and_technique(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     counts = dict(line.split()[:2] for line in out.stdout.splitlines()
                   if line.startswith(("map_", "search ", "quality ")))  # fmt: skip
-    assert counts == {"map_search": "8", "map_cell": "8", "map_aggregate": "1"}
+    assert counts == {"map_search": "8", "map_cell": "8", "map_aggregate": "1", "map_figures": "1"}
 
 
 @pytest.mark.slow  # a tiny map through Snakemake on the CPU (~2 minutes)
@@ -127,3 +130,67 @@ def test_a_tiny_map_runs_end_to_end(tmp_path):
         assert row["search_status"] in ("ok", "capped") and int(row["trials"]) <= 8, row
         assert row["cell_status"] == "ok" and float(row["tokens_per_s"]) > 0
         assert int(row["max_tokens"]) == int(row["max_batch"]) * int(row["seq_len"])
+    figures = tmp_path / "run" / "paper" / "figures"
+    assert sorted(p.name for p in figures.glob("map_*.png")) == [
+        "map_memory_shares.png", "map_tokens_by_length.png", "map_tokens_by_size.png"]  # fmt: skip
+
+
+def synthetic_map():
+    """A map table whose answers are known: the window pays from 4,096 tokens at every model;
+    8-bit AdamW pays only on the largest model; FP32 fits no batch at 16,384 tokens on the
+    largest model."""
+    import pandas as pd
+
+    rows = []
+    for model, arch, params in (("gpt2", "gpt2", 110e6), ("small", "llama", 128e6),
+                                ("big", "llama", 1.04e9)):  # fmt: skip
+        for n in (1024, 4096, 16384):
+            flash = int(2e6 / (1 + params / 1e9) / (1 + n / 8192))
+            tokens = {
+                "flash": flash,
+                "window512": int(flash * (1.0 if n == 1024 else 1.5 * n / 4096)),
+                "adamw8bit": int(flash * (1.3 if model == "big" else 1.02)),
+                "fp32": 0 if (model == "big" and n == 16384) else flash // 3,
+            }
+            for t, v in tokens.items():
+                row = {"point": f"{model}_{n}", "model": model, "arch": arch, "params": params,
+                       "seq_len": n, "technique": t, "max_tokens": v}  # fmt: skip
+                share = {"weights": params * 2 / 2**20, "activations": v / 100}
+                rows.append(row | {f"{k}_mib": share.get(k, 1.0) for k in
+                                   ("weights", "gradients", "optimizer_state", "activations", "logits")})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_where_each_technique_starts_to_pay_is_computed():
+    from memopt.report.map_figures import starts_to_pay
+
+    table = synthetic_map()
+    window = starts_to_pay(table, "window512", "flash")
+    by_length = {f["at"]: f["from"] for f in window if f["axis"] == "length"}
+    assert by_length == {"gpt2": 4096, "small": 4096, "big": 4096}
+    adam = {
+        f["at"]: f["from"]
+        for f in starts_to_pay(table, "adamw8bit", "flash")
+        if f["axis"] == "size"
+    }
+    assert adam == {1024: 1.04e9, 4096: 1.04e9, 16384: 1.04e9}
+    fp32 = starts_to_pay(table, "fp32", "flash")
+    assert all(f["from"] is None for f in fp32)
+    big = next(f for f in fp32 if f["axis"] == "length" and f["at"] == "big")
+    assert big["ratios"][16384] == 0.0  # FP32 fits nothing there: a ratio of 0, not left out
+
+
+def test_map_figures_draw_every_technique_and_mark_none_fits():
+    from memopt.report.map_figures import memory_shares, tokens_by_length, tokens_by_size
+
+    table = synthetic_map()
+    size = tokens_by_size(table)
+    assert len(size.axes) == 3 and size.axes[0].get_title() == "1,024 tokens"
+    length = tokens_by_length(table)
+    assert [ax.get_title() for ax in length.axes] == ["gpt2", "small", "big"]
+    big = length.axes[2]
+    crosses = [line for line in big.lines if line.get_marker() == "x" and len(line.get_xdata())]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [16384]  # FP32 at 16,384
+    shares = memory_shares(table, "flash")
+    heights = [p.get_height() for p in shares.axes[0].patches]
+    assert len(heights) == 5 * 9 and all(0 <= h <= 1 for h in heights)

@@ -18,6 +18,11 @@ def check_cross_keys(cfg: dict) -> None:
             f"({m['d_model']}); allowed: a divisor of {m['d_model']}"
         )
     problems += _arch_problems(m)
+    ref = (cfg["map"] or {}).get("reference")
+    if ref is not None and ref not in cfg["techniques"]:
+        problems.append(
+            f"map.reference: {ref!r} is not a technique; allowed: " + ", ".join(cfg["techniques"])
+        )
     for point, model in map_points(cfg).items():  # every map point's block, named by its key
         problems += [f"map.models ({point}): {p}" for p in _arch_problems(model)]
         if model["d_model"] % model["n_heads"]:

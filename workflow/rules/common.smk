@@ -82,6 +82,11 @@ MAP_SEARCHES = expand(
 MAP_CELLS = expand(
     "results/map/{point}/cells/{technique}/max.json", point=list(MAP_POINTS), technique=TECHNIQUES
 )
+MAP_FIGURES = expand(
+    "paper/figures/{name}.{ext}",
+    name=["map_tokens_by_size", "map_tokens_by_length", "map_memory_shares"],
+    ext=["pdf", "png"],
+)
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
 
 

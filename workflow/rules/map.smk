@@ -66,3 +66,20 @@ rule map_aggregate:
         CONDA_ENV
     script:
         "../scripts/map_aggregate.py"
+
+
+rule map_figures:
+    output:
+        MAP_FIGURES,
+    input:
+        table=rules.map_aggregate.output[0],
+        code=code("map_figures"),
+    params:
+        reference=STUDY["map"]["reference"] or STUDY["baseline"] if MAP_POINTS else None,
+    threads: 3
+    log:
+        "logs/map_figures.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/map_figures.py"

@@ -1,0 +1,124 @@
+"""A map study's figures and findings, from its table (results/map.csv, memopt.report.map_results).
+
+Figures: the maximum tokens per step against model size (one panel per length) and against
+length (one panel per model), one line per technique, out of memory at batch 1 drawn as a cross
+on the floor, never as a zero; and the share of memory by kind at each point (weights, gradients,
+optimizer state, activations, logits) of one technique at its maximum.
+
+Findings are computed, not written: for each technique against a reference technique (BF16 flash
+in config/map.yaml), where along each axis it starts to train at least PAYS times the reference's
+tokens per step (and stays there at every larger value measured), or that it does not.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from memopt.report.figures_style import technique_colors
+
+KINDS = ("weights", "gradients", "optimizer_state", "activations", "logits")
+PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
+
+
+def _panels(n: int, width: float = 3.4) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * n, 3.2), layout="constrained")
+    return fig, list(fig.subplots(1, n, sharey=True, squeeze=False)[0])
+
+
+def _lines(ax, table, x: str, techniques, colors) -> None:
+    """One line per technique over `x`; a point whose batch 1 does not fit as a cross below."""
+    floor = max(1.0, table.loc[table["max_tokens"] > 0, "max_tokens"].min() / 2)
+    for t in techniques:
+        rows = table[table["technique"] == t].sort_values(x)
+        fits = rows[rows["max_tokens"] > 0]
+        ax.plot(fits[x], fits["max_tokens"], marker="o", ms=3, lw=1.2, color=colors[t], label=t)
+        none = rows[rows["max_tokens"] == 0]
+        ax.plot(none[x], [floor] * len(none), "x", color=colors[t], ms=6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+
+
+def tokens_by_size(table) -> Figure:
+    """Maximum tokens per step against parameters, one panel per length (the Llama-style
+    models: one block style along the axis)."""
+    llama = table[table["arch"] == "llama"]
+    lengths = sorted(llama["seq_len"].unique())
+    techniques = list(dict.fromkeys(table["technique"]))
+    colors = technique_colors(table)
+    fig, axes = _panels(len(lengths))
+    for ax, n in zip(axes, lengths):
+        _lines(ax, llama[llama["seq_len"] == n], "params", techniques, colors)
+        ax.set_title(f"{n:,} tokens", fontsize=9)
+        ax.set_xlabel("parameters")
+    axes[0].set_ylabel("max tokens per step (x: none fits)")
+    axes[-1].legend(fontsize=7, loc="best")
+    return fig
+
+
+def tokens_by_length(table) -> Figure:
+    """Maximum tokens per step against the sequence length, one panel per model."""
+    models = list(dict.fromkeys(table["model"]))
+    techniques = list(dict.fromkeys(table["technique"]))
+    colors = technique_colors(table)
+    fig, axes = _panels(len(models), width=2.8)
+    for ax, m in zip(axes, models):
+        _lines(ax, table[table["model"] == m], "seq_len", techniques, colors)
+        ax.set_title(m, fontsize=9)
+        ax.set_xlabel("sequence length")
+    axes[0].set_ylabel("max tokens per step (x: none fits)")
+    axes[-1].legend(fontsize=7, loc="best")
+    return fig
+
+
+def memory_shares(table, technique: str) -> Figure:
+    """`technique`'s memory at its maximum by kind, as shares of the kinds' sum, at every point
+    (a point it could not time is left empty and labelled)."""
+    rows = table[table["technique"] == technique].reset_index(drop=True)
+    fig = Figure(figsize=(max(6.0, 0.5 * len(rows)), 3.4), layout="constrained")
+    ax = fig.subplots()
+    kinds = [rows[f"{k}_mib"].fillna(0) for k in KINDS]
+    total = sum(kinds)
+    bottom = [0.0] * len(rows)
+    palette = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+    for kind, values, color in zip(KINDS, kinds, palette):
+        share = [v / s if s else 0.0 for v, s in zip(values, total)]
+        ax.bar(range(len(rows)), share, bottom=bottom, color=color, label=kind.replace("_", " "))
+        bottom = [b + s for b, s in zip(bottom, share)]
+    for i, s in enumerate(total):
+        if not s:
+            ax.text(i, 0.5, "not timed", rotation=90, ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(rows)), rows["point"], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(f"share of memory ({technique} at its maximum)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, ncols=len(KINDS), loc="upper center", bbox_to_anchor=(0.5, 1.15))
+    return fig
+
+
+def starts_to_pay(table, technique: str, reference: str) -> list[dict]:
+    """Along each axis (length at each model; size at each length, Llama-style models), the
+    first value from which `technique` trains at least PAYS times `reference`'s maximum tokens
+    per step at every larger value measured: {axis, at (the fixed value), from (None: never),
+    ratio (at `from`), ratios (every value's)}. A point where the reference fits no batch and
+    the technique does counts as paying; where neither fits, the point is left out."""
+    out = []
+    for axis, fixed, over, subset in (
+        ("length", "model", "seq_len", table),
+        ("size", "seq_len", "params", table[table["arch"] == "llama"]),
+    ):
+        for at, group in subset.groupby(fixed, sort=False):
+            ratios = {}
+            for value, rows in group.groupby(over):
+                tokens = dict(zip(rows["technique"], rows["max_tokens"]))
+                t, r = tokens.get(technique), tokens.get(reference)
+                if t is None or r is None or (t == 0 and r == 0):
+                    continue
+                ratios[value] = float("inf") if r == 0 else t / r
+            values = sorted(ratios)
+            start = next(
+                (v for i, v in enumerate(values) if all(ratios[w] >= PAYS for w in values[i:])),
+                None,
+            )
+            out.append({"axis": axis, "at": at, "from": start, "ratios": ratios,
+                        "ratio": None if start is None else ratios[start]})  # fmt: skip
+    return out
