@@ -34,7 +34,9 @@ onstart:
 rule all:
     default_target: True
     input:
-        MAP_SEARCHES + MAP_CELLS + ["results/map.csv"] + MAP_FIGURES if MAP_POINTS else [],
+        MAP_SEARCHES + MAP_CELLS + ["results/map.csv", "results/map_findings.json"] + MAP_FIGURES
+        if MAP_POINTS
+        else [],
         SEARCHES if not MAP_POINTS else [],
         EXACTNESS if not MAP_POINTS else [],
         CELLS if not MAP_POINTS else [],

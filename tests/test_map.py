@@ -79,6 +79,11 @@ def test_the_row_names_what_limited_the_batch():
     row = map_row("p", "m", model, 100, search, cell)
     assert (row["limit"], row["max_tokens"], row["per_token_mib"]) == ("host", 640, 0.1)
     assert row["weights_mib"] == 1.0 and row["logits_mib"] is None
+    split = {"status": "ok", "memory_breakdown": {"activations_mib": 10.0, "logits_mib": 4.0}}
+    row = map_row("p", "m", model, 100, search, split)  # the logits counted once, as logits
+    assert (row["activations_mib"], row["logits_mib"]) == (6.0, 4.0)
+    split["memory_breakdown"]["logits_mib"] = -1.0  # kept none
+    assert map_row("p", "m", model, 100, search, split)["activations_mib"] == 10.0
     search["trials"][1]["error"] = "CUDA out of memory. Tried to allocate 2.00 GiB"
     assert map_row("p", "m", model, 100, search, {"status": "oom"})["limit"] == "memory"
     none = {**search, "status": "none_fits", "max_batch": 0, "first_failing_batch": 1,
@@ -162,7 +167,7 @@ def synthetic_map():
 
 
 def test_where_each_technique_starts_to_pay_is_computed():
-    from memopt.report.map_figures import starts_to_pay
+    from memopt.report.map_results import map_findings, starts_to_pay
 
     table = synthetic_map()
     window = starts_to_pay(table, "window512", "flash")
@@ -178,6 +183,14 @@ def test_where_each_technique_starts_to_pay_is_computed():
     assert all(f["from"] is None for f in fp32)
     big = next(f for f in fp32 if f["axis"] == "length" and f["at"] == "big")
     assert big["ratios"][16384] == 0.0  # FP32 fits nothing there: a ratio of 0, not left out
+    import json
+
+    found = json.loads(json.dumps(map_findings(table, "flash")))  # as the rule writes it
+    assert set(found["techniques"]) == {"window512", "adamw8bit", "fp32"}
+    assert found["techniques"]["window512"][0] == {
+        **found["techniques"]["window512"][0],
+        "from": 4096,
+    }
 
 
 def test_map_figures_draw_every_technique_and_mark_none_fits():

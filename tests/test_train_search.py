@@ -240,3 +240,16 @@ def test_the_host_bound_scales_what_grew_and_charges_it_as_offloading_pins_it():
     assert pinned(bound) <= budget < pinned(bound + 1)
     assert _host_bound([trial(150), trial(700)], 4, budget, 19_000, {}) == bound // 4
     assert _host_bound([], 1, budget, 19_000, {}) is None
+
+
+def test_the_reported_line_spans_at_least_a_factor_two():
+    """The search's last fits are often one batch apart, where rounding would be the slope:
+    the line goes through the largest fit and the largest at most half of it."""
+    from memopt.jobs.search import _line
+
+    fits = [{"batch": b, "peak_mib": p} for b, p in ((1, 900.0), (150, 2000.0), (1062, 10000.0),
+                                                     (1080, 10140.0), (1081, 10150.0))]  # fmt: skip
+    line = _line(fits)
+    assert line["batches"] == [150, 1081]
+    assert line["per_sample_mib"] == pytest.approx((10150 - 2000) / 931)
+    assert _line(fits[:1]) is None

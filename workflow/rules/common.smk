@@ -82,6 +82,7 @@ MAP_SEARCHES = expand(
 MAP_CELLS = expand(
     "results/map/{point}/cells/{technique}/max.json", point=list(MAP_POINTS), technique=TECHNIQUES
 )
+MAP_REFERENCE = (STUDY["map"] or {}).get("reference") or STUDY["baseline"]
 MAP_FIGURES = expand(
     "paper/figures/{name}.{ext}",
     name=["map_tokens_by_size", "map_tokens_by_length", "map_memory_shares"],

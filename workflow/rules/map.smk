@@ -50,7 +50,8 @@ rule map_cell:
 
 rule map_aggregate:
     output:
-        "results/map.csv",
+        table="results/map.csv",
+        findings="results/map_findings.json",
     input:
         MAP_SEARCHES,
         MAP_CELLS,
@@ -60,6 +61,7 @@ rule map_aggregate:
         points=Params(MAP_POINTS),
         models=Params(point_models(STUDY)),
         order=TECHNIQUE_ORDER,
+        reference=MAP_REFERENCE,
     log:
         "logs/map_aggregate.log",
     conda:
@@ -72,10 +74,10 @@ rule map_figures:
     output:
         MAP_FIGURES,
     input:
-        table=rules.map_aggregate.output[0],
+        table=rules.map_aggregate.output.table,
         code=code("map_figures"),
     params:
-        reference=STUDY["map"]["reference"] or STUDY["baseline"] if MAP_POINTS else None,
+        reference=MAP_REFERENCE,
     threads: 3
     log:
         "logs/map_figures.log",

@@ -160,7 +160,7 @@ def prove_max(
 
 def _approach(crossing: float, lo: int, n_fits: int, rel_error: float, walk: int, walks: int):
     """The next aim while no batch has missed: (aim, walk, walks)."""
-    if n_fits == 1:  # the line from the state: a safe aim, and a large one
+    if n_fits == 1 and crossing >= lo + 1:  # the line from the state: safe, and large
         return max(int(crossing), SMALL_FIRST_AIM * lo), 0, 0
     gap = crossing - lo
     margin = MARGIN * rel_error * gap

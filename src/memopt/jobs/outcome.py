@@ -44,7 +44,9 @@ def guarded(
         out = {"status": "oom", "error": oom_prefix + str(err).splitlines()[0][:500]}
     if out.get("status") != "ok":
         out = failure(out, measured)
-    free_memory(device, host_cache=not keep_host_cache)
+    # A search keeps the pinned buffers of a trial that fitted for the next one; a failed one's
+    # (up to the host budget, in sizes the next trials need not reuse) are given back.
+    free_memory(device, host_cache=not (keep_host_cache and out.get("status") == "ok"))
     return out
 
 

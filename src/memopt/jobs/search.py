@@ -302,11 +302,15 @@ def _host_bound(trials: list, g: int, budget: int, cap: int, fits: dict) -> int 
 
 
 def _line(fits: list[dict]) -> dict | None:
-    """Peak memory against the batch through the two largest fits: fixed and per-sequence MiB
-    (what the paper and the map report), or None with fewer than two."""
+    """Peak memory against the batch, fixed and per-sequence MiB (what the paper and the map
+    report), through the largest fit and the largest at most half of it (else the smallest):
+    the search's last fits are often a batch or two apart, where the allocator's rounding
+    would make most of the slope. None with fewer than two fits."""
     if len(fits) < 2:
         return None
-    (b1, p1), (b2, p2) = sorted((t["batch"], t["peak_mib"]) for t in fits)[-2:]
+    points = sorted((t["batch"], t["peak_mib"]) for t in fits)
+    b2, p2 = points[-1]
+    b1, p1 = max((p for p in points[:-1] if 2 * p[0] <= b2), default=points[0])
     per_sample = (p2 - p1) / (b2 - b1)
     return {"fixed_mib": p2 - per_sample * b2, "per_sample_mib": per_sample,
             "batches": [b1, b2]}  # fmt: skip

@@ -5,9 +5,7 @@ length (one panel per model), one line per technique, out of memory at batch 1 d
 on the floor, never as a zero; and the share of memory by kind at each point (weights, gradients,
 optimizer state, activations, logits) of one technique at its maximum.
 
-Findings are computed, not written: for each technique against a reference technique (BF16 flash
-in config/map.yaml), where along each axis it starts to train at least PAYS times the reference's
-tokens per step (and stays there at every larger value measured), or that it does not.
+The findings those figures show are computed in memopt.report.map_results (starts_to_pay).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from matplotlib.figure import Figure
 from memopt.report.figures_style import technique_colors
 
 KINDS = ("weights", "gradients", "optimizer_state", "activations", "logits")
-PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
 
 
 def _panels(n: int, width: float = 3.4) -> tuple[Figure, list]:
@@ -41,8 +38,9 @@ def _lines(ax, table, x: str, techniques, colors) -> None:
 
 def tokens_by_size(table) -> Figure:
     """Maximum tokens per step against parameters, one panel per length (the Llama-style
-    models: one block style along the axis)."""
+    models, one block style along the axis, where the map has them)."""
     llama = table[table["arch"] == "llama"]
+    llama = llama if len(llama) else table  # a map without Llama-style models: every model
     lengths = sorted(llama["seq_len"].unique())
     techniques = list(dict.fromkeys(table["technique"]))
     colors = technique_colors(table)
@@ -93,32 +91,3 @@ def memory_shares(table, technique: str) -> Figure:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7, ncols=len(KINDS), loc="upper center", bbox_to_anchor=(0.5, 1.15))
     return fig
-
-
-def starts_to_pay(table, technique: str, reference: str) -> list[dict]:
-    """Along each axis (length at each model; size at each length, Llama-style models), the
-    first value from which `technique` trains at least PAYS times `reference`'s maximum tokens
-    per step at every larger value measured: {axis, at (the fixed value), from (None: never),
-    ratio (at `from`), ratios (every value's)}. A point where the reference fits no batch and
-    the technique does counts as paying; where neither fits, the point is left out."""
-    out = []
-    for axis, fixed, over, subset in (
-        ("length", "model", "seq_len", table),
-        ("size", "seq_len", "params", table[table["arch"] == "llama"]),
-    ):
-        for at, group in subset.groupby(fixed, sort=False):
-            ratios = {}
-            for value, rows in group.groupby(over):
-                tokens = dict(zip(rows["technique"], rows["max_tokens"]))
-                t, r = tokens.get(technique), tokens.get(reference)
-                if t is None or r is None or (t == 0 and r == 0):
-                    continue
-                ratios[value] = float("inf") if r == 0 else t / r
-            values = sorted(ratios)
-            start = next(
-                (v for i, v in enumerate(values) if all(ratios[w] >= PAYS for w in values[i:])),
-                None,
-            )
-            out.append({"axis": axis, "at": at, "from": start, "ratios": ratios,
-                        "ratio": None if start is None else ratios[start]})  # fmt: skip
-    return out

@@ -1,6 +1,9 @@
 """A map study's results as one table (results/map.csv): per point and technique, the proven
 maximum batch in sequences and tokens, peak memory per token from the search's fit, and the
-timing cell at the maximum (tokens/s, model TFLOP/s, peak memory and its breakdown by kind)."""
+timing cell at the maximum (tokens/s, model TFLOP/s, peak memory and its breakdown by kind);
+and the findings computed from it (results/map_findings.json): for each technique against the
+map's reference, where along each axis it starts to train at least PAYS times the reference's
+tokens per step and stays there at every larger value measured, or that it does not."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 from memopt.fileio import read_json
 from memopt.runtime.flops import param_count
 
+PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
 BREAKDOWN = ("weights", "gradients", "optimizer_state", "activations", "logits")
 MAP_COLUMNS = (
     ["point", "model", "arch", "params", "seq_len", "technique", "search_status", "limit",
@@ -27,7 +31,7 @@ def _limit(search: dict) -> str | None:
         t for t in search["trials"] if not t["fits"] and t["batch"] == search["first_failing_batch"]
     ]
     error = (misses[0].get("error") or "") if misses else ""
-    return "host" if "host memory" in error else "memory"
+    return "host" if "offload: activations" in error else "memory"
 
 
 def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, cell: dict) -> dict:
@@ -35,7 +39,7 @@ def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, 
     seq = model["seq_len"]
     ok = cell.get("status") == "ok"
     breakdown = cell.get("memory_breakdown") or {}
-    return {
+    row = {
         "point": point, "model": model_name, "arch": model["arch"],
         "params": param_count(model, vocab), "seq_len": seq, "technique": search["technique"],
         "search_status": search["status"], "limit": _limit(search),
@@ -50,6 +54,12 @@ def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, 
         "peak_allocated_mib": cell.get("peak_allocated_mib") if ok else None,
         **{f"{k}_mib": breakdown.get(f"{k}_mib") if ok else None for k in BREAKDOWN},
     }  # fmt: skip
+    # As the paper splits them (memopt.report.paper_mechanisms): the step's activations hold
+    # the logits, which count once, as logits (none kept: 0).
+    if row["activations_mib"] is not None and row["logits_mib"] is not None:
+        row["logits_mib"] = max(0.0, row["logits_mib"])
+        row["activations_mib"] -= row["logits_mib"]
+    return row
 
 
 def map_table(points: dict, models: dict, techniques: list, vocab: int, results: Path):
@@ -64,3 +74,51 @@ def map_table(points: dict, models: dict, techniques: list, vocab: int, results:
             cell = read_json(results / "map" / point / "cells" / technique / "max.json")
             rows.append(map_row(point, models[point], model, vocab, search, cell))
     return pd.DataFrame(rows, columns=MAP_COLUMNS)
+
+
+def starts_to_pay(table, technique: str, reference: str) -> list[dict]:
+    """Along each axis (length at each model; size at each length, Llama-style models), the
+    first value from which `technique` trains at least PAYS times `reference`'s maximum tokens
+    per step at every larger value measured: {axis, at (the fixed value), from (None: never),
+    ratio (at `from`), ratios (every value's)}. A point where the reference fits no batch and
+    the technique does counts as paying; where neither fits, the point is left out."""
+    out = []
+    for axis, fixed, over, subset in (
+        ("length", "model", "seq_len", table),
+        ("size", "seq_len", "params", table[table["arch"] == "llama"]),
+    ):
+        for at, group in subset.groupby(fixed, sort=False):
+            ratios = {}
+            for value, rows in group.groupby(over):
+                tokens = dict(zip(rows["technique"], rows["max_tokens"]))
+                t, r = tokens.get(technique), tokens.get(reference)
+                if t is None or r is None or (t == 0 and r == 0):
+                    continue
+                ratios[value] = float("inf") if r == 0 else t / r
+            values = sorted(ratios)
+            start = next(
+                (v for i, v in enumerate(values) if all(ratios[w] >= PAYS for w in values[i:])),
+                None,
+            )
+            out.append({"axis": axis, "at": at, "from": start, "ratios": ratios,
+                        "ratio": None if start is None else ratios[start]})  # fmt: skip
+    return out
+
+
+def map_findings(table, reference: str) -> dict:
+    """{technique: starts_to_pay(...)} for every technique but the reference (JSON-able)."""
+    out = {}
+    for technique in dict.fromkeys(table["technique"]):
+        if technique != reference:
+            found = starts_to_pay(table, technique, reference)
+            out[technique] = [
+                {**f, "at": _plain(f["at"]), "from": _plain(f["from"]),
+                 "ratios": {str(_plain(k)): (None if v == float("inf") else v) for k, v in f["ratios"].items()}}
+                for f in found
+            ]  # fmt: skip
+    return {"reference": reference, "pays_at": PAYS, "techniques": out}
+
+
+def _plain(value):
+    """numpy scalars as Python numbers (JSON)."""
+    return value.item() if hasattr(value, "item") else value
