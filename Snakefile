@@ -12,7 +12,10 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/paper.smk"
-include: "workflow/rules/map.smk"
+# A map study's rules exist only in a map study (forcing one elsewhere would write an empty map).
+if MAP_POINTS:
+
+    include: "workflow/rules/map.smk"
 
 
 # Before the first job: this folder is this study's (claimed for it), and the study's device is

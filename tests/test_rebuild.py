@@ -6,6 +6,7 @@ name. Each test breaks its own copy of the finished study."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -38,10 +39,20 @@ PAPER_JOBS = {"aggregate": 1, "figures": 1, "render": 1, **PDF, "all": 1}
 
 
 def importing_rules(wd: Path, module: Path) -> list[str]:
-    """The rules whose script's import closure holds `module` (a rule is named as its script)."""
+    """The study's rules whose script's import closure holds `module` (a rule is named as its
+    script; a map study's rules exist only in a map study)."""
     package = wd / "src" / "memopt"
     scripts = sorted((wd / "workflow" / "scripts").glob("*.py"))
-    return [s.stem for s in scripts if module.resolve() in closure([s], package.resolve())]
+    defined = study_rules(wd)
+    return [s.stem for s in scripts
+            if s.stem in defined and module.resolve() in closure([s], package.resolve())]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def study_rules(wd: Path) -> set[str]:
+    """The rules the study's workflow defines (snakemake --list-rules)."""
+    proc = snakemake(wd, "--list-rules")  # as the study runs (its config and folder)
+    return {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
 
 
 def dry_runs(wd: Path, requests: list[dict]) -> list[dict[str, int]]:
