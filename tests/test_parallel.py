@@ -140,7 +140,7 @@ def test_a_parallel_search_and_cell_run_as_one_job_on_two_ranks(tokens_dir, tmp_
     assert found["status"] in ("ok", "capped") and found["max_batch"] >= 1
     assert found["spec"]["gpus"] == 2 and len(json.loads(exact.read_text())["losses"]) == 2
     log = (tmp_path / "search.log").read_text()
-    assert "on 2 ranks (torchrun" in log and "[search zero3] batch" in log
+    assert "on 2 ranks (torchrun" in log and "[search zero3] trial" in log
     run_job(worker, "cell_file", common | {"entry": "2", "search_dir": str(search.parent),
             "out": str(cell)}, tmp_path / "cell.log")  # fmt: skip
     res = json.loads(cell.read_text())
