@@ -128,18 +128,14 @@ def prove_max(
         run(1)
     rel_error, walk, walks, widths, first_guess = REL_ERROR_START, 0, 0, [], None
     while lo > 0 and lo < ceiling and (hi is None or hi - lo > 1):
-        crossing = predicted_boundary(fits, limits, state, bound)
+        exact = None if bound is None else bound(fits)  # once per trial: it may search
+        crossing = predicted_boundary(fits, limits, state, lambda _, e=exact: e)
         if first_guess is None and len(fits) >= 2:
             first_guess = crossing
         if crossing is None:  # nothing grows with the batch: double, or bisect
             aim = 2 * lo if hi is None else lo + (hi - lo) // 2
-        elif (
-            hi is None
-            and bound is not None
-            and bound(fits) is not None
-            and (bound(fits) + 0.5 == crossing and bound(fits) > lo)
-        ):
-            aim = bound(fits)  # the exactly predicted limit binds: its largest k itself
+        elif hi is None and exact is not None and exact + 0.5 == crossing and exact > lo:
+            aim = exact  # the exactly predicted limit binds: its largest k itself
         elif hi is None:
             aim, walk, walks = _approach(crossing, lo, len(fits), rel_error, walk, walks)
         else:
