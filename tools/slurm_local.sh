@@ -115,7 +115,9 @@ start() {
   sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" >/dev/null 2>&1 || true
   sacctmgr -i add user root account="$ACCOUNT" cluster="$CLUSTER" >/dev/null 2>&1 || true
   if [ -n "${SUDO_USER:-}" ]; then sacctmgr -i add user "$SUDO_USER" account="$ACCOUNT" >/dev/null 2>&1 || true; fi
-  pgrep -x slurmctld >/dev/null || daemon slurmctld
+  # A cold controller starts clean (-c): jobs saved by a run that was cut off (the machine stopped
+  # mid-test) have no processes left, yet would keep the node allocated and the next run waiting.
+  pgrep -x slurmctld >/dev/null || daemon slurmctld -c
   pgrep -x slurmd >/dev/null || daemon slurmd
   wait_for 60 "the node $NODE" bash -c "sinfo -h -N -o %t | grep -qx idle"
   echo "SLURM $(sinfo -V | cut -d' ' -f2) up: cluster $CLUSTER, partition $PARTITION, account $ACCOUNT, node $NODE ($(nproc) CPUs, gpu:fake:2)"
