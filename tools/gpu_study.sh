@@ -22,7 +22,8 @@
 #
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
 # a map study (config/map.yaml) runs one point per target, so each point runs on one machine;
-# STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONE_CALL=1 runs them all in one Snakemake
+# STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONLY (an extended regex) only the targets
+# it matches (e.g. 'point:llama_1b_16384'); STUDY_ONE_CALL=1 runs them all in one Snakemake
 # call (no deadline: one machine for the whole study, no DAG rebuilt per target).
 # STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU).
 #
@@ -104,6 +105,7 @@ run_targets() {  # the background job: each target while its estimate fits befor
   fi
   for entry in "${entries[@]}"; do  # (a test runs fewer)
     read -r target est <<< "$entry"
+    [[ -z "${STUDY_ONLY:-}" || "$target" =~ $STUDY_ONLY ]] || continue
     files=$(target_files "$target")
     if smk -n $files 2>&1 | grep -q "Nothing to be done"; then
       echo "== $target: done before"
@@ -150,7 +152,7 @@ case ${1:-} in
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets); run_targets $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets); run_targets $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
