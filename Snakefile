@@ -11,11 +11,18 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
-include: "workflow/rules/paper.smk"
-# A map study's rules exist only in a map study (forcing one elsewhere would write an empty map).
+# A map study's rules exist only in a map study (forcing one elsewhere would write an empty map);
+# it has its own aggregation, figures and paper in place of the default study's.
 if MAP_POINTS:
 
     include: "workflow/rules/map.smk"
+
+else:
+
+    include: "workflow/rules/paper.smk"
+
+
+include: "workflow/rules/pdf.smk"
 
 
 # Before the first job: this folder is this study's (claimed for it), and the study's device is
@@ -37,7 +44,7 @@ onstart:
 rule all:
     default_target: True
     input:
-        MAP_SEARCHES + MAP_CELLS + ["results/map.csv", "results/map_findings.json"] + MAP_FIGURES
+        MAP_SEARCHES + MAP_CELLS + ["results/map.csv", "results/map_findings.json"] + MAP_FIGURES + PAPER
         if MAP_POINTS
         else [],
         SEARCHES if not MAP_POINTS else [],

@@ -4,6 +4,7 @@ and (pytest -m slow) a tiny map trained end to end on the CPU through Snakemake.
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_the_map_dag_has_a_search_and_a_cell_per_point_and_technique(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     counts = dict(line.split()[:2] for line in out.stdout.splitlines()
                   if line.startswith(("map_", "search ", "quality ")))  # fmt: skip
-    assert counts == {"map_search": "8", "map_cell": "8", "map_aggregate": "1", "map_figures": "1"}
+    assert counts == {"map_search": "8", "map_cell": "8", "map_aggregate": "1", "map_figures": "1",
+                      "map_render": "1"}  # fmt: skip
 
 
 @pytest.mark.slow  # a tiny map through Snakemake on the CPU (~2 minutes)
@@ -138,6 +140,8 @@ def test_a_tiny_map_runs_end_to_end(tmp_path):
     figures = tmp_path / "run" / "paper" / "figures"
     assert sorted(p.name for p in figures.glob("map_*.png")) == [
         "map_memory_shares.png", "map_tokens_by_length.png", "map_tokens_by_size.png"]  # fmt: skip
+    paper = (tmp_path / "run" / "paper" / "paper.md").read_text()  # the map's own paper
+    assert "## 4 Findings" in paper and "Every job ran on the CPU." in paper
 
 
 def synthetic_map():
@@ -207,3 +211,35 @@ def test_map_figures_draw_every_technique_and_mark_none_fits():
     shares = memory_shares(table, "flash")
     heights = [p.get_height() for p in shares.axes[0].patches]
     assert len(heights) == 5 * 9 and all(0 <= h <= 1 for h in heights)
+
+
+def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
+    """A machine that ends mid-point must not hand a half point to the next machine (a point's
+    searches and cells run on one GPU): tools/gpu_study.sh save leaves it out of the state."""
+    import tarfile
+
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "gpu_study.sh").write_bytes((ROOT / "tools" / "gpu_study.sh").read_bytes())
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    (tmp_path / "map.yaml").write_bytes((ROOT / "config" / "map.yaml").read_bytes())
+    techniques = yaml.safe_load((ROOT / "config" / "map.yaml").read_text())["techniques"]
+    files = {"gpt2_110m_1024": [f"{k}" for t in techniques
+                                for k in (f"search/{t}.json", f"cells/{t}/max.json")],
+             "llama_1b_16384": ["search/flash.json", "cells/flash/max.json"]}  # fmt: skip
+    for point, names in files.items():
+        for name in names:
+            for path in (tmp_path / "results/map" / point / name, tmp_path / "logs/map" / point / name):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("{}")
+    for name in ("data/study.sha256", "data/study.mtimes", "data/corpus/stats.json",
+                 "data/tokens/meta.json", "data/tokenizer/spm.model", ".snakemake/metadata/x"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    env = dict(os.environ, OUT=str(tmp_path / "out"), STUDY_CONFIG="map.yaml",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
+    proc = subprocess.run(["bash", "tools/gpu_study.sh", "save"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert "map point llama_1b_16384 is not finished" in proc.stdout, proc.stdout + proc.stderr
+    names = tarfile.open(tmp_path / "out" / "state.tar.gz").getnames()
+    assert sum(n.startswith("results/map/gpt2_110m_1024/") and n.endswith(".json") for n in names) == 14
+    assert not any("llama_1b_16384" in n for n in names)

@@ -32,12 +32,12 @@ def test_markdown_becomes_escaped_latex():
     assert md_to_tex("a * b * c") == "a * b * c"  # lone asterisks are not emphasis
 
 
-# What a template may write as a literal number: table and section numbers, the interval and
-# threshold conventions, bit widths, the FLOP formula's constants, names, LaTeX layout.
+# What a template may write as a literal number: table and section numbers, the interval,
+# threshold and search conventions (B + 1, batch 1), bit widths, the FLOP formula's constants, names, LaTeX layout.
 _ALLOWED = [
     r"(Table|Section|Figure)[~ ]\d+", r"^#+ \d ", r"\d+ bits", r"95\\?%", r"\b1\\?% of",
     r"6·N", r"12·L", r"\$6", r"12\\cdot", r"12 L d", r"\(T \+ 1\)/2", r"1\)/2", r"gpu=1",
-    r"\[\d+pt\]", r"margin=[\d.]+cm", r"\{\d\}\{c\}", r"p\{0\.\d+\\linewidth\}",
+    r"B \+ 1", r"batch 1\b", r"\[\d+pt\]", r"margin=[\d.]+cm", r"\{\d\}\{c\}", r"p\{0\.\d+\\linewidth\}",
 ]  # fmt: skip
 
 

@@ -10,6 +10,8 @@
 #     bash tools/gpu_study.sh save                                      # state -> $OUT/state.tar.gz
 #     MEMOPT_GIT_COMMIT=<sha> bash tools/gpu_study.sh cells BATCH       # every technique at BATCH
 #   Here, between machines: mkdir -p .study && cp <files_at>/state.tar.gz .study/
+#   (`wait N; save` in every call: a machine lost between calls loses only that call's work; a
+#   map point cut off mid-way is left out of the state, so it runs again whole, on one GPU)
 #
 # .whl: wheels the GPU image lacks (../shared/hooks/device-wheels.sh); .corpus: speakleash.json and
 # eltec_pol_corpus.* from ../shared/corpus/speakleash. The corpus mirror is given relative (.corpus)
@@ -47,8 +49,10 @@ c = validate_config(yaml.safe_load(open(sys.argv[1])))
 default = sys.argv[1] == "config.yaml"
 if c["map"]:  # a map study: one target per point (its searches and cells on one machine)
     from memopt.map_points import map_points
-    for point, model in map_points(c).items():  # rough H100 seconds until measured (20 s on a CPU)
-        print(f"point:{point}", 20 if c["device"] != "cuda" else 240 + model["seq_len"] // 64)
+    from memopt.runtime.flops import param_count
+    for point, model in map_points(c).items():  # H100 seconds, generous (20 s on a CPU): a 1B
+        size = 1 + param_count(model, c["tokenizer"]["vocab_size"]) / 1e9  # model at 16,384
+        print(f"point:{point}", 20 if c["device"] != "cuda" else int((360 + model["seq_len"] // 64) * size))
     print("results/map.csv 20")
     sys.exit()
 print("searches", 360 if default else 20)
@@ -65,11 +69,11 @@ PY
 }
 
 setup() {
-  if [ -d .whl ]; then
+  if [ -d .whl ] && [ ! -d /tmp/site/snakemake ]; then  # once per machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
   fi
+  if [ -d .whl ] && [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH; fi
   export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 }
 
@@ -168,10 +172,27 @@ case ${1:-} in
       "quality runs done: $(find results/quality -name '*.json' 2>/dev/null | wc -l)"
     ;;
   save)
+    setup
     mkdir -p "$OUT" logs/worker
     cp /tmp/memopt-"$(id -u)"/*.log logs/worker/ 2>/dev/null  # the warm workers' own logs
     # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
-    tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
+    cut=()  # a map point not finished here: left out, so that it runs again whole elsewhere
+    for p in $(python3 - "$CONFIGFILE" <<'PY'
+import os, sys, yaml
+sys.path.insert(0, "src")
+from memopt.config import validate_config
+from memopt.map_points import map_points
+c = validate_config(yaml.safe_load(open(sys.argv[1])))
+for p in map_points(c):
+    files = [f"results/map/{p}/{k}" for t in c["techniques"] for k in (f"search/{t}.json", f"cells/{t}/max.json")]
+    if any(os.path.exists(f) for f in files) and not all(os.path.exists(f) for f in files):
+        print(p)
+PY
+    ); do
+      echo "save: map point $p is not finished: left out of the state (it runs again whole)"
+      cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
+    done
+    tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
     ls -la "$OUT"
     ;;

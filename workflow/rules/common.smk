@@ -88,6 +88,7 @@ MAP_FIGURES = expand(
     name=["map_tokens_by_size", "map_tokens_by_length", "map_memory_shares"],
     ext=["pdf", "png"],
 )
+PAPER_FIGURES = MAP_FIGURES if MAP_POINTS else FIGURES  # the figures the study's paper shows
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
 
 

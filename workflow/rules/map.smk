@@ -85,3 +85,28 @@ rule map_figures:
         CONDA_ENV
     script:
         "../scripts/map_figures.py"
+
+
+rule map_render:
+    output:
+        md="paper/paper.md",
+        tex="paper/paper.tex",
+    input:
+        table=rules.map_aggregate.output.table,
+        findings=rules.map_aggregate.output.findings,
+        searches=MAP_SEARCHES,
+        corpus=rules.corpus.output.stats,
+        tokens="data/tokens/meta.json",
+        figures=MAP_FIGURES,
+        templates=list((ROOT / "paper" / "templates").glob("map*.j2"))
+        + list((ROOT / "paper" / "templates" / "map").glob("*.j2")),
+        code=code("map_render"),
+    params:
+        study=Params(STUDY),
+        templates=ROOT / "paper" / "templates",
+    log:
+        "logs/map_render.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/map_render.py"

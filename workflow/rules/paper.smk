@@ -57,7 +57,7 @@ rule render:
         corpus=rules.corpus.output.stats,
         tokens="data/tokens/meta.json",
         figures=FIGURES,
-        templates=list((ROOT / "paper" / "templates").glob("*.j2")),
+        templates=[t for t in (ROOT / "paper" / "templates").glob("*.j2") if not t.name.startswith("map")],
         reference=ROOT / "paper" / "reference.yaml",
         benchmarks=STAGE_BENCHMARKS,
         code=code("render"),
@@ -73,27 +73,3 @@ rule render:
         CONDA_ENV
     script:
         "../scripts/render.py"
-
-
-# paper.pdf: part of `all` where a TeX engine is installed; without one, asking for it explains.
-rule pdf:
-    output:
-        "paper/paper.pdf",
-    input:
-        tex=rules.render.output.tex,
-        figures=FIGURES,
-        code=code("pdf"),
-    log:
-        "logs/pdf.log",
-    benchmark:
-        "results/benchmarks/pdf.tsv"
-    conda:
-        CONDA_ENV
-    script:
-        "../scripts/pdf.py"
-
-
-# The paper alone, from the results present: `snakemake --cores 1 paper`.
-rule paper:
-    input:
-        PAPER,

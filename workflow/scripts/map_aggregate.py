@@ -8,7 +8,9 @@ from memopt.report.map_results import map_findings, map_table
 sm = snakemake  # noqa: F821
 vocab = json.loads(Path(sm.input.tokens).read_text())["vocab_size"]
 results = Path(sm.output.table).parent
-table = map_table(dict(sm.params.points), dict(sm.params.models), list(sm.params.order), vocab, results)
+table = map_table(
+    dict(sm.params.points), dict(sm.params.models), list(sm.params.order), vocab, results
+)
 table.to_csv(sm.output.table, index=False)
 write_json(Path(sm.output.findings), map_findings(table, sm.params.reference))
 print(f"{sm.output.table}: {len(table)} rows")

@@ -91,3 +91,12 @@ def memory_shares(table, technique: str) -> Figure:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7, ncols=len(KINDS), loc="upper center", bbox_to_anchor=(0.5, 1.15))
     return fig
+
+
+def builders(table, reference: str) -> dict:
+    """The map's figures by name, for memopt.report.figures_style.render_all."""
+    return {
+        "map_tokens_by_size": lambda: tokens_by_size(table),
+        "map_tokens_by_length": lambda: tokens_by_length(table),
+        "map_memory_shares": lambda: memory_shares(table, reference),
+    }

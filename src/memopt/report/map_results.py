@@ -19,6 +19,7 @@ MAP_COLUMNS = (
      "max_batch", "max_tokens", "trials", "search_s", "per_token_mib", "fixed_mib"]
     + ["cell_status", "tokens_per_s", "model_tflops", "mfu", "peak_allocated_mib"]
     + [f"{kind}_mib" for kind in BREAKDOWN]
+    + ["gpu", "gpu_uuid", "git_commit", "search_gpu_uuid", "search_git_commit"]
 )  # fmt: skip
 
 
@@ -53,6 +54,9 @@ def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, 
         "mfu": cell.get("mfu") if ok else None,
         "peak_allocated_mib": cell.get("peak_allocated_mib") if ok else None,
         **{f"{k}_mib": breakdown.get(f"{k}_mib") if ok else None for k in BREAKDOWN},
+        # where it ran: the cell's GPU and commit, and the search's (a point runs on one GPU)
+        **{k: (cell.get("provenance") or {}).get(k) for k in ("gpu", "gpu_uuid", "git_commit")},
+        **{f"search_{k}": (search.get("provenance") or {}).get(k) for k in ("gpu_uuid", "git_commit")},
     }  # fmt: skip
     # As the paper splits them (memopt.report.paper_mechanisms): the step's activations hold
     # the logits, which count once, as logits (none kept: 0).

@@ -306,10 +306,10 @@ def build_context(
     }
 
 
-def figure_paths(figures_dir: Path, out_path: Path, ext: str) -> dict[str, str]:
+def figure_paths(figures_dir: Path, out_path: Path, ext: str, names=FIGURE_NAMES) -> dict[str, str]:
     """Each figure's .ext file, relative to the paper file that shows it."""
     figures = {}
-    for name in FIGURE_NAMES:
+    for name in names:
         path = Path(figures_dir) / f"{name}.{ext}"
         if not path.exists():
             raise MemoptError(f"{path}: figure not found (run the figures step first)")

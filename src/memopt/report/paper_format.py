@@ -198,7 +198,7 @@ def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
     env = jinja2.Environment(**options)
     env.filters.update(
         num=num, pct=pct, sig=sig, mib=mib, mparams=mparams, tex=tex, tex_name=tex_name, md=md, md_code=md_code,
-        tex_listing=tex_listing,
+        tex_listing=tex_listing, code=lambda v: f"`{v}`",
     )  # fmt: skip
     return env
 

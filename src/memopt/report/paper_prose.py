@@ -327,17 +327,20 @@ def story(ctx: dict) -> dict:
     }
 
 
-def render_prose(env: jinja2.Environment, context: dict, render) -> dict[str, dict]:
-    """Each section rendered from the Markdown environment, as {"md": text, "tex": text}, and
-    the figure captions (prose/captions.md.j2, one "name: caption" per line) as
-    {"md": {name: caption}, "tex": {name: caption}}."""
-    ctx = {**context, "story": story(context)}
+def render_prose(
+    env: jinja2.Environment, context: dict, render, sections=SECTIONS, folder="prose", derive=story
+) -> dict[str, dict]:
+    """Each section rendered from the Markdown environment (<folder>/<section>.md.j2), as
+    {"md": text, "tex": text}, and the figure captions (<folder>/captions.md.j2, one
+    "name: caption" per line) as {"md": {name: caption}, "tex": {name: caption}}. The default
+    paper's prose also sees `story` (derive(context)); derive=None: no story."""
+    ctx = {**context, "story": derive(context)} if derive else context
     out = {}
-    for name in SECTIONS:
-        text = render(env, f"prose/{name}.md.j2", ctx).strip()
+    for name in sections:
+        text = render(env, f"{folder}/{name}.md.j2", ctx).strip()
         out[name] = {"md": text, "tex": md_to_tex(text)}
     captions = {}
-    for line in render(env, "prose/captions.md.j2", ctx).strip().splitlines():
+    for line in render(env, f"{folder}/captions.md.j2", ctx).strip().splitlines():
         name, _, text = line.partition(": ")
         captions[name] = text
     out["captions"] = {

@@ -104,6 +104,12 @@ def cmd_paper(args) -> None:
 
     results, out = Path(args.results), Path(args.out)
     study = _study(args)
+    if study["map"]:  # a map study: its table, findings, figures and paper
+        from memopt.report.map_paper import map_paper_from_results
+
+        map_paper_from_results(study, results, Path(args.data), out, Path(args.templates))
+        _wrote(out, args.pdf)
+        return
     cells = [
         results / "cells" / t / f"{b}.json"
         for t in study["techniques"]
@@ -152,8 +158,12 @@ def cmd_paper(args) -> None:
         quality_csv=results / "quality.csv",
         exactness_paths=exact,
     )
+    _wrote(out, args.pdf)
+
+
+def _wrote(out: Path, pdf: bool) -> None:
     print(f"wrote {out / 'paper.md'} and {out / 'paper.tex'}")
-    if args.pdf:
+    if pdf:
         from memopt.report.paper_format import build_pdf
 
         build_pdf(out / "paper.tex", out / "paper.pdf")

@@ -1,0 +1,286 @@
+"""The map study's paper (Markdown and LaTeX), rendered by the default paper's machinery: the same
+Jinja2 environments and filters (memopt.report.paper_format), the same table objects and their two
+renderers (memopt.report.tables), prose written once in Markdown and converted (render_prose),
+the same figure paths and atomic writes. Its numbers come from results/map.csv and
+results/map_findings.json (memopt.report.map_results) and the searches' JSON; the templates are
+paper/templates/map.{md,tex}.j2 and paper/templates/map/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memopt.map_points import map_points, point_models
+from memopt.report import tables
+from memopt.report.map_results import BREAKDOWN
+from memopt.report.paper import PROVENANCE_KEYS, _render, figure_paths
+from memopt.report.paper_format import config_yaml, make_environment, num, pct
+from memopt.report.paper_prose import render_prose
+from memopt.report.results import read_json, write_text
+from memopt.report.tables import Table
+from memopt.runtime.flops import param_count
+
+MAP_FIGURES = ("map_tokens_by_size", "map_tokens_by_length", "map_memory_shares")
+SECTIONS = ("title", "abstract", "introduction", "findings", "limitations", "conclusion")
+KNOB_DEFAULTS = {"precision": None, "attention": None, "window": None, "checkpointing": "none",
+                 "loss": "standard", "offload": "none", "compile": False, "optimizer": "adamw"}  # fmt: skip
+KNOB_COLUMNS = tuple(KNOB_DEFAULTS)
+
+
+def span(lo, hi, decimals: int = 1) -> str:
+    """'1.3–4.0', or '4.0' where both ends print the same."""
+    a, b = num(lo, decimals), num(hi, decimals)
+    return a if a == b else f"{a}–{b}"
+
+
+def listed(items) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    items = [str(i) for i in items]
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _clean(value):
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _models(config: dict, vocab: int) -> list[dict]:
+    names, out = point_models(config), {}
+    for point, model in map_points(config).items():
+        name = names[point]
+        out.setdefault(name, {**model, "name": name, "params": param_count(model, vocab)})
+        out[name]["n_kv_heads"] = out[name].get("n_kv_heads") or out[name]["n_heads"]
+    return list(out.values())
+
+
+def _groups(found: list[dict], axis: str) -> list[dict]:
+    """The findings of one technique along one axis, grouped by where it starts to pay:
+    [{from, ratio_min, ratio_max, at: [fixed values]}], the paying groups first, by `from`."""
+    groups: dict = {}
+    for f in found:
+        if f["axis"] != axis:
+            continue
+        g = groups.setdefault(f["from"], {"from": f["from"], "at": [], "ratios": []})
+        g["at"].append(f["at"])
+        if f["ratio"] is not None:
+            g["ratios"].append(f["ratio"])
+    out = sorted(groups.values(), key=lambda g: (g["from"] is None, g["from"] or 0))
+    for g in out:
+        finite = [r for r in g.pop("ratios") if r is not None]
+        g["ratio_min"], g["ratio_max"] = (min(finite), max(finite)) if finite else (None, None)
+    return out
+
+
+def _shares(rows: list[dict], technique: str) -> dict | None:
+    """The share of each kind of memory (and of the three fixed kinds together, "fixed") in
+    `technique`'s timed step at its maximum, with the points where it is smallest and largest."""
+    out = {}
+    fixed = ("weights", "gradients", "optimizer_state")
+    for kind in (*BREAKDOWN, "fixed"):
+        values = []
+        for r in rows:
+            parts = [r.get(f"{k}_mib") for k in BREAKDOWN]
+            if r["technique"] != technique or any(p is None for p in parts) or not sum(parts):
+                continue
+            part = sum(r[f"{k}_mib"] for k in fixed) if kind == "fixed" else r[f"{kind}_mib"]
+            values.append((part / sum(parts), r["point"]))
+        if values:
+            lo, hi = min(values), max(values)
+            out[kind] = {"min": lo[0], "min_at": lo[1], "max": hi[0], "max_at": hi[1]}
+    return out or None
+
+
+def _where(rows: list[dict]) -> dict:
+    """The GPUs by UUID (label, model, points), each point's jobs on one GPU or not, the commits."""
+    gpus: dict = {}
+    split = []
+    for point in dict.fromkeys(r["point"] for r in rows):
+        ids = {
+            u for r in rows if r["point"] == point for u in (r["gpu_uuid"], r["search_gpu_uuid"])
+        }
+        if len(ids) > 1:
+            split.append(point)
+        for r in (r for r in rows if r["point"] == point):
+            g = gpus.setdefault(
+                r["gpu_uuid"], {"uuid": r["gpu_uuid"], "model": r["gpu"], "points": []}
+            )
+            if point not in g["points"]:
+                g["points"].append(point)
+    for i, g in enumerate(gpus.values(), 1):
+        g["label"] = f"GPU {i}"
+    commits = sorted({c for r in rows for c in (r["git_commit"], r["search_git_commit"]) if c})
+    return {"gpus": list(gpus.values()), "split": split, "commits": commits}
+
+
+def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, config) -> dict:
+    """Everything the map paper's templates use (`table`: results/map.csv as a DataFrame)."""
+    rows = [{k: _clean(v) for k, v in r.items()} for r in table.to_dict(orient="records")]
+    tokens = read_json(token_meta)
+    reference = findings["reference"]
+    points = list(dict.fromkeys(r["point"] for r in rows))
+    techniques = list(dict.fromkeys(r["technique"] for r in rows))
+    searches = [read_json(Path(p)) for p in search_paths]
+    timed = [r for r in rows if r["cell_status"] == "ok"]
+    best = []  # per point: the technique with the most tokens per step, against the reference
+    for p in points:
+        at = [r for r in rows if r["point"] == p]
+        top = max(at, key=lambda r: r["max_tokens"])
+        ref = next(r for r in at if r["technique"] == reference)
+        best.append({"point": p, "technique": top["technique"], "tokens": top["max_tokens"],
+                     "ratio": top["max_tokens"] / ref["max_tokens"] if ref["max_tokens"] else None})  # fmt: skip
+    winners = list(dict.fromkeys(b["technique"] for b in best))
+    ratios = [b["ratio"] for b in best if b["ratio"] is not None]
+    return {
+        "config": config, "config_yaml": config_yaml(config), "corpus": read_json(corpus_stats),
+        "tokens": tokens, "models": _models(config, tokens["vocab_size"]),
+        "lengths": list(config["map"]["seq_lens"]), "points": points, "techniques": techniques,
+        "specs": {t: config["techniques"][t] for t in techniques}, "reference": reference,
+        "pays_at": findings["pays_at"], "rows": rows,
+        "searches": {
+            "n": len(rows), "proven": sum(r["search_status"] == "ok" for r in rows),
+            "none_fits": [r for r in rows if r["search_status"] == "none_fits"],
+            "capped": [r for r in rows if r["search_status"] == "capped"],
+            "max_trials": max(r["trials"] for r in rows), "seconds": sum(r["search_s"] for r in rows),
+            "longest": max(rows, key=lambda r: r["search_s"]), "host": [r for r in rows if r["limit"] == "host"],
+            "headroom_mib": config["search"]["headroom_mib"],
+            "budgets_mib": sorted({s["budget_mib"] for s in searches if s.get("budget_mib")}),
+        },
+        "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
+        "best": best, "winners": winners,
+        "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
+        "findings": [
+            {"technique": t, "length": _groups(f, "length"), "size": _groups(f, "size")}
+            for t, f in findings["techniques"].items()
+        ],
+        "shares": _shares(rows, reference),
+        "device": {"name": timed[0]["gpu"] if timed else None, "gpu": bool(timed and timed[0]["gpu"])},
+        "where": _where(rows),
+        "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
+                       for k in PROVENANCE_KEYS},
+    }  # fmt: skip
+
+
+def _cell(rows: list[dict], point: str, technique: str) -> dict:
+    return next(r for r in rows if r["point"] == point and r["technique"] == technique)
+
+
+def _by_point(ctx: dict, value, caption: str, number: int, label: str, notes=()) -> Table:
+    """One row per point, one column per technique, `value(row)` in each cell."""
+    rows = [[f"`{p}`"] + [value(_cell(ctx["rows"], p, t)) for t in ctx["techniques"]]
+            for p in ctx["points"]]  # fmt: skip
+    return Table(["point"] + [f"`{t}`" for t in ctx["techniques"]], "l" + "r" * len(ctx["techniques"]),
+                 rows, caption, number, label, list(notes), layout="shrink")  # fmt: skip
+
+
+def map_tables(ctx: dict) -> dict[str, Table]:
+    """The map paper's tables, numbered in the order the paper shows them."""
+    models = Table(
+        ["model", "block", "layers", "d_model", "heads", "key/value heads", "d_ff", "parameters"],
+        "llrrrrrr",
+        [[f"`{m['name']}`", "Llama-style" if m["arch"] == "llama" else "GPT-2-style", m["n_layers"],
+          num(m["d_model"]), m["n_heads"], m["n_kv_heads"], num(m["d_ff"]), num(m["params"])]
+         for m in ctx["models"]],
+        "The models of the map (parameters with the tied embedding counted once).", 1, "models",
+    )  # fmt: skip
+    specs = ctx["specs"]
+    knobs = Table(
+        ["technique", *KNOB_COLUMNS], "l" * (len(KNOB_COLUMNS) + 1),
+        [[f"`{t}`", *("-" if s.get(k) == d or s.get(k) is None else str(s.get(k))
+                      for k, d in KNOB_DEFAULTS.items())]
+         for t, s in specs.items()],
+        "The techniques: the knobs each sets (-: off, or the default).", label="techniques",
+        layout="shrink",
+    )  # fmt: skip
+
+    def tokens(r):
+        if r["search_status"] == "none_fits":
+            return "OOM"
+        mark = {"host": " h", "data": " d", "cap": " c"}.get(r["limit"], "")
+        return num(r["max_tokens"]) + mark
+
+    def speed(r):
+        if r["tokens_per_s"] is None:
+            return "OOM" if r["search_status"] == "none_fits" else "n/a"
+        return f"{num(r['tokens_per_s'] / 1000, 1)}k ({pct(r['mfu'], 0)})"
+
+    def per_token(r):
+        return "OOM" if r["per_token_mib"] is None else num(r["per_token_mib"] * 1024, 1)
+
+    budget = ", ".join(num(b) for b in ctx["searches"]["budgets_mib"]) or "n/a"
+    return {
+        "models": models,
+        "techniques": knobs,
+        "tokens": _by_point(
+            ctx, tokens, "The proven maximum tokens per step (batch x length) at each point. OOM: "
+            "batch 1 does not fit; h: the host's pinned memory, not the GPU's, stopped the batch; "
+            "d: the training data did.", 2, "tokens",
+            [f"Every other maximum is the GPU's: batch B trained within the budget of {budget} MiB "
+             f"({num(ctx['searches']['headroom_mib'])} MiB below the card's memory) and B + 1 did not."],
+        ),
+        "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: thousand tokens/s, "
+                           "model FLOPs utilization in brackets.", 3, "speed"),
+        "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
+                               "linear fit of peak memory against batch, over the length.", 4, "per-token"),
+    }  # fmt: skip
+
+
+def render_map_paper(table_csv, findings_json, search_paths, corpus_stats, token_meta, config,
+                     figures_dir, templates_dir, out_md, out_tex) -> None:  # fmt: skip
+    """map.md.j2 -> out_md and map.tex.j2 -> out_tex; nothing is written unless both render."""
+    import pandas as pd
+
+    ctx = map_context(pd.read_csv(table_csv), read_json(findings_json), search_paths, corpus_stats,
+                      token_meta, config)  # fmt: skip
+    ctx["tables"] = map_tables(ctx)
+    templates = Path(templates_dir)
+    md_env = make_environment(templates, False)
+    md_env.filters.update(span=span, listed=listed)
+    prose = render_prose(md_env, ctx, _render, SECTIONS, "map", None)
+    texts = {}
+    for out, template, latex, ext in ((out_md, "map.md.j2", False, "png"),
+                                      (out_tex, "map.tex.j2", True, "pdf")):  # fmt: skip
+        env = make_environment(templates, latex)
+        env.filters.update(
+            table=tables.latex if latex else tables.markdown, span=span, listed=listed
+        )
+        text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
+        figures = figure_paths(figures_dir, out, ext, MAP_FIGURES)
+        texts[Path(out)] = _render(env, template, {**ctx, "figures": figures, "prose": text})
+    for out, text in texts.items():
+        write_text(out, text)
+
+
+def map_paper_from_results(study: dict, results: Path, data: Path, out: Path, templates: Path):
+    """What `memopt paper` does for a map study: the table and findings again from the results
+    (results/map.csv, results/map_findings.json), the figures, then the paper (out/paper.md,
+    out/paper.tex), as the map rules do."""
+    import os
+
+    from memopt.errors import MemoptError
+    from memopt.fileio import write_json
+    from memopt.report.figures_style import render_all
+    from memopt.report.map_figures import builders
+    from memopt.report.map_results import map_findings, map_table
+
+    points, names = map_points(study), point_models(study)
+    searches = [
+        results / "map" / p / "search" / f"{t}.json" for p in points for t in study["techniques"]
+    ]
+    cells = [
+        results / "map" / p / "cells" / t / "max.json" for p in points for t in study["techniques"]
+    ]
+    missing = [str(p) for p in searches + cells if not p.exists()]
+    if missing:
+        raise MemoptError(f"{len(missing)} map result(s) missing under {results}: "
+                          + ", ".join(missing[:5]) + " (is --config the map study's config?)")  # fmt: skip
+    vocab = read_json(data / "tokens" / "meta.json")["vocab_size"]
+    table = map_table(points, names, list(study["techniques"]), vocab, results)
+    table.to_csv(results / "map.csv", index=False)
+    reference = study["map"].get("reference") or study["baseline"]
+    write_json(results / "map_findings.json", map_findings(table, reference))
+    render_all(builders(table, reference), out / "figures", processes=os.cpu_count() or 1)
+    render_map_paper(results / "map.csv", results / "map_findings.json", searches,
+                     data / "corpus" / "stats.json", data / "tokens" / "meta.json", study,
+                     out / "figures", templates, out / "paper.md", out / "paper.tex")  # fmt: skip

@@ -1,0 +1,167 @@
+"""The map study's paper (memopt.report.map_paper), rendered by `memopt paper` from a map's results
+made here with known answers: its sections, its tables against the results, the same numbers in
+Markdown and LaTeX, and where each technique starts to pay stated as computed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from memopt.config import validate_config
+from memopt.map_points import map_points
+from memopt.run.cli import main
+
+MODELS = {"gpt2_s": {}, "llama_s": {"arch": "llama", "n_kv_heads": 2},
+          "llama_m": {"arch": "llama", "n_layers": 4, "n_kv_heads": 2}}  # fmt: skip
+TECHNIQUES = {"fp32": {"precision": "fp32", "attention": "math"},
+              "flash": {"precision": "bf16", "attention": "flash"},
+              "window": {"precision": "bf16", "attention": "flex", "window": 16},
+              "offload": {"precision": "bf16", "attention": "flash", "checkpointing": "full",
+                          "loss": "chunked", "offload": "activations"}}  # fmt: skip
+UUIDS = {"gpt2_s": "GPU-aaaa", "llama_s": "GPU-aaaa", "llama_m": "GPU-bbbb"}
+
+
+def config() -> dict:
+    return validate_config({
+        "study": "maptest", "device": "cuda", "baseline": "fp32", "batch_sizes": ["max"],
+        "model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128, "dropout": 0.0},
+        "map": {"models": MODELS, "seq_lens": [32, 64], "reference": "flash"},
+        "techniques": TECHNIQUES,
+    })  # fmt: skip
+
+
+def batches(model: str, n: int) -> dict:
+    """The known answers: the window pays from 64 tokens; offload everywhere (host-limited on
+    llama_m); FP32 fits nothing at llama_m 64."""
+    flash = {"gpt2_s": 40, "llama_s": 36, "llama_m": 20}[model] * 32 // n
+    return {"fp32": 0 if (model == "llama_m" and n == 64) else flash // 3, "flash": flash,
+            "window": flash if n == 32 else flash * 3 // 2, "offload": flash * 4}  # fmt: skip
+
+
+def write_results(root: Path) -> dict:
+    cfg = config()
+    prov = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "python": "3.12.3",
+            "cuda": "13.0", "git_commit": "abc123"}  # fmt: skip
+    for point in map_points(cfg):
+        name, n = point.rsplit("_", 1)
+        n = int(n)
+        for t, b in batches(name, n).items():
+            p = {**prov, "gpu_uuid": UUIDS[name]}
+            host = t == "offload" and name == "llama_m"
+            error = "offload: activations: would pin more" if host else "CUDA out of memory"
+            search = {"technique": t, "status": "ok" if b else "none_fits", "max_batch": b,
+                      "first_failing_batch": b + 1, "seconds": 10.0 + b, "budget_mib": 79528,
+                      "fit": {"fixed_mib": 500.0, "per_sample_mib": 2.0 * n} if b else None,
+                      "trials": [{"batch": 1, "fits": bool(b), "error": None if b else error},
+                                 *([{"batch": b, "fits": True}, {"batch": b + 1, "fits": False, "error": error}] if b else [])],
+                      "provenance": p}  # fmt: skip
+            cell = {"status": "ok", "tokens_per_s": 1000.0 * b, "model_tflops": 1.0, "mfu": 0.25,
+                    "peak_allocated_mib": 70000.0, "provenance": p,
+                    "memory_breakdown": {"weights_mib": 10.0, "gradients_mib": 10.0,
+                                         "optimizer_state_mib": 20.0, "activations_mib": 50.0 * b,
+                                         "logits_mib": 5.0 * b}} if b else {"status": "oom", "provenance": p}  # fmt: skip
+            for path, data in ((root / "results/map" / point / "search" / f"{t}.json", search),
+                               (root / "results/map" / point / "cells" / t / "max.json", cell)):  # fmt: skip
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(data))
+    (root / "data/corpus").mkdir(parents=True)
+    (root / "data/tokens").mkdir(parents=True)
+    stats = {"dataset": "tiny_corpus", "train": {"documents": 9, "characters": 9000},
+             "val": {"documents": 1, "characters": 1000}}  # fmt: skip
+    (root / "data/corpus/stats.json").write_text(json.dumps(stats))
+    (root / "data/tokens/meta.json").write_text(json.dumps(
+        {"vocab_size": 512, "train_tokens": 4000, "val_tokens": 400}))  # fmt: skip
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    root = tmp_path_factory.mktemp("map")
+    write_results(root)
+    main(["paper", "--config", str(root / "config.yaml"), "--results", str(root / "results"),
+          "--data", str(root / "data"), "--out", str(root / "paper")])  # fmt: skip
+    return root
+
+
+def test_the_paper_has_its_sections_tables_and_figures(rendered):
+    md = (rendered / "paper/paper.md").read_text()
+    assert re.findall(r"^## (.+)$", md, flags=re.M) == [
+        "Abstract", "1 Introduction", "2 Method", "3 Results", "4 Findings", "5 Limitations",
+        "6 Conclusion", "Reproducibility"]  # fmt: skip
+    assert re.findall(r"^Table (\d+):", md, flags=re.M) == ["1", "2", "3", "4"]
+    for name in ("map_tokens_by_size", "map_tokens_by_length", "map_memory_shares"):
+        assert f"](figures/{name}.png)" in md and (rendered / f"paper/figures/{name}.pdf").exists()
+    tex = (rendered / "paper/paper.tex").read_text()
+    assert "figures/map_memory_shares.pdf" in tex and "\\section{Findings}" in tex
+
+
+def test_the_tokens_table_is_the_results(rendered):
+    md = (rendered / "paper/paper.md").read_text()
+    table = pd.read_csv(rendered / "results/map.csv")
+    rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[2:-1]]
+            for line in md.split("Table 2:")[1].split("Table 3:")[0].splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    assert len(rows) == 6
+    for r in table.itertuples():
+        cell = rows[r.point][list(TECHNIQUES).index(r.technique)]
+        if r.max_batch == 0:
+            assert cell == "OOM"
+        else:
+            assert cell == f"{r.max_tokens:,}" + (" h" if r.limit == "host" else "")
+    assert set(table.loc[table.limit == "host", "point"]) == {"llama_m_32", "llama_m_64"}
+
+
+def test_findings_and_abstract_say_what_the_results_compute(rendered):
+    md = (rendered / "paper/paper.md").read_text()
+    found = json.loads((rendered / "results/map_findings.json").read_text())
+    window = {f["at"]: f["from"] for f in found["techniques"]["window"] if f["axis"] == "length"}
+    assert window == {"gpt2_s": 64, "llama_s": 64, "llama_m": 64}
+    findings = md.split("## 4 Findings")[1]
+    assert "**`window`.** Along the length: from 64 tokens (1.50× there) on `gpt2_s`, " \
+           "`llama_s` and `llama_m`." in findings  # fmt: skip
+    assert "**`fp32`.** Along the length: at no length measured" in findings
+    abstract = md.split("## Abstract")[1].split("## 1")[0]
+    assert "`offload` trains the most tokens per step at every point, 4.0×" in abstract
+    assert "`fp32` fits no batch at `llama_m_64`." in abstract
+    assert "24 of 24 searches proved a maximum" not in abstract  # one found no batch fits
+    assert "23 of 24 searches proved a maximum, 1 found that batch 1 does not fit" in abstract
+    where = md.split("## Reproducibility")[1]
+    assert (
+        "GPU 1: NVIDIA H100 80GB HBM3, UUID `GPU-aaaa`: `gpt2_s_32`, `gpt2_s_64`, `llama_s_32`"
+        in where
+    )
+    assert "GPU 2: NVIDIA H100 80GB HBM3, UUID `GPU-bbbb`: `llama_m_32`, `llama_m_64`." in where
+
+
+def test_markdown_and_latex_print_the_same_numbers(rendered):
+    number = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+    md = (rendered / "paper/paper.md").read_text().split("### Appendix")[0]
+    md = re.sub(
+        r"\]\([^)]*\)|^## .*|^Table \d+:|Figure \d+:", "]", md, flags=re.M
+    )  # numbered by LaTeX
+    tex = (rendered / "paper/paper.tex").read_text()
+    tex = tex[tex.index("\\title") : tex.index("\\appendix")]
+    tex = re.sub(r"\\includegraphics\[[^\]]*\]\{[^}]*\}|\\usepackage.*", "", tex)
+    nums = lambda text: {n.rstrip(",") for n in number.findall(text.replace("\\allowbreak{}", ""))}  # noqa: E731
+    assert nums(md) == nums(tex)
+
+
+@pytest.mark.slow
+def test_the_latex_compiles(rendered, tmp_path):
+    if not shutil.which("pdflatex"):
+        pytest.skip("no pdflatex")
+    build = tmp_path / "tex"
+    shutil.copytree(rendered / "paper", build)
+    for _ in range(2):
+        subprocess.run(["pdflatex", "-interaction=nonstopmode", "paper.tex"], cwd=build,
+                       capture_output=True, timeout=300)  # fmt: skip
+    log = (build / "paper.log").read_text(errors="replace")
+    assert re.findall(r"^!.*", log, re.M) == [] and (build / "paper.pdf").exists()
