@@ -183,7 +183,7 @@ CONFIG = {
         "min_timed_steps": 10,
         "max_timed_steps": 100,
     },
-    "quality": {"tokens": 40_960, "batch": 32, "seeds": 2},
+    "quality": {"tokens": 40_960, "batch": 32, "seeds": 2, "margin": 0.02},
     "worker": {"enabled": True, "idle_s": 60},
     "exactness": {"steps": 5, "batch": 4, "tolerance": {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}},
     "search": {
@@ -202,9 +202,10 @@ CONFIG = {
 
 
 SEEDS = (1234, 1235)
-# Validation loss per function and seed: bf16's range overlaps fp32's (not distinguishable),
-# the window's lies above both (worse).
-QUALITY_LOSS = {"fp32": (5.40, 5.44), "bf16": (5.42, 5.46), "bf16_w128": (5.60, 5.62)}
+# Validation loss per function and seed: bf16's paired differences from fp32 (0.01, 0.02) have a
+# 95% interval that holds 0 and reaches past the margin (inconclusive); the window's (0.20, 0.21)
+# lies above 0 (worse).
+QUALITY_LOSS = {"fp32": (5.40, 5.44), "bf16": (5.41, 5.46), "bf16_w128": (5.60, 5.65)}
 
 
 def make_quality(function: str, seed: int) -> dict:

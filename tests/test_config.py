@@ -55,6 +55,7 @@ def test_default_study_matches_the_issue():
         "tokens": 7_000_000,
         "batch": 32,
         "seeds": 2,
+        "margin": 0.02,  # issue 35: the equivalence margin of the paired verdicts
     }  # docs/protocol.md, "Study time"
     assert (cfg["exactness"]["steps"], cfg["exactness"]["tolerance"]["bf16"]) == (50, 0.05)
     assert set(cfg["techniques"]) == {

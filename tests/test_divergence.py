@@ -142,7 +142,7 @@ def test_the_paper_shows_diverged_runs_as_such(tiny_study, tmp_path):
     seed = int(q_path.stem)
     quality = {r["function"]: r for r in md_table(text, "verdict")}
     assert quality["bf16"]["verdict"] == f"diverged (seed {seed})"
-    assert quality["bf16"]["Δ val loss"] == "n/a"
+    assert quality["bf16"]["Δ val loss (95% CI)"] == "n/a"
     step = quality_run["diverged_step"]
     sentence = f"its training loss became non-finite at step {step} (diverged)"
     assert f"Seed {seed} of `bf16` did not finish: {sentence}" in text

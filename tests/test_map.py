@@ -219,7 +219,9 @@ def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
     import tarfile
 
     (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "gpu_study.sh").write_bytes((ROOT / "tools" / "gpu_study.sh").read_bytes())
+    (tmp_path / "tools" / "gpu_study.sh").write_bytes(
+        (ROOT / "tools" / "gpu_study.sh").read_bytes()
+    )
     (tmp_path / "src").symlink_to(ROOT / "src")
     (tmp_path / "map.yaml").write_bytes((ROOT / "config" / "map.yaml").read_bytes())
     techniques = yaml.safe_load((ROOT / "config" / "map.yaml").read_text())["techniques"]
@@ -228,7 +230,10 @@ def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
              "llama_1b_16384": ["search/flash.json", "cells/flash/max.json"]}  # fmt: skip
     for point, names in files.items():
         for name in names:
-            for path in (tmp_path / "results/map" / point / name, tmp_path / "logs/map" / point / name):
+            for path in (
+                tmp_path / "results/map" / point / name,
+                tmp_path / "logs/map" / point / name,
+            ):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("{}")
     for name in ("data/study.sha256", "data/study.mtimes", "data/corpus/stats.json",
@@ -241,5 +246,8 @@ def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert "map point llama_1b_16384 is not finished" in proc.stdout, proc.stdout + proc.stderr
     names = tarfile.open(tmp_path / "out" / "state.tar.gz").getnames()
-    assert sum(n.startswith("results/map/gpt2_110m_1024/") and n.endswith(".json") for n in names) == 14
+    assert (
+        sum(n.startswith("results/map/gpt2_110m_1024/") and n.endswith(".json") for n in names)
+        == 14
+    )
     assert not any("llama_1b_16384" in n for n in names)

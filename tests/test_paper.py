@@ -299,7 +299,7 @@ def test_change_breakdown_and_exactness_tables_match_summary(study):
     ]
 
 
-def test_quality_table_states_spread_and_distinguishability(study):
+def test_quality_table_states_spread_and_paired_verdicts(study):
     text = render(study)[0].read_text()
     rows = {r["function"]: r for r in md_table(text, "verdict")}
     assert list(rows) == ["fp32", "bf16", "bf16_w128"]  # the techniques' order
@@ -312,10 +312,12 @@ def test_quality_table_states_spread_and_distinguishability(study):
         ppl = [math.exp(v) for v in losses]
         assert row["val ppl"] == _f(statistics.fmean(ppl), 2)
         assert row["ppl range"] == f"{_f(min(ppl), 2)}–{_f(max(ppl), 2)}"
-    assert rows["fp32"]["Δ val loss"] == "reference" and rows["fp32"]["verdict"] == ""
-    assert rows["bf16"]["verdict"] == "not distinguishable"  # ranges 5.40-5.44 and 5.42-5.46
-    assert rows["bf16_w128"]["verdict"] == "worse"
-    assert rows["bf16"]["Δ val loss"] == _f(0.02, 4)
+    assert rows["fp32"]["Δ val loss (95% CI)"] == "reference" and rows["fp32"]["verdict"] == ""
+    assert rows["bf16"]["verdict"] == "inconclusive"  # paired differences 0.01 and 0.02
+    assert rows["bf16_w128"]["verdict"] == "worse"  # 0.20 and 0.21
+    # mean 0.015, sd 0.00707 over 2 seeds: t(0.975, 1) = 12.706 -> ± 0.0635; MDD with t(0.8, 1)
+    assert rows["bf16"]["Δ val loss (95% CI)"] == "0.0150 [-0.0485, 0.0785]"
+    assert rows["bf16"]["MDD"] == _f((12.7062 + 1.3764) * 0.005, 4)
     assert rows["bf16_w128"]["techniques"] == "local128"
     assert rows["bf16"]["kernel"] == "cudnn"
 

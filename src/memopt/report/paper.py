@@ -232,7 +232,7 @@ def build_context(
     stages = stage_times(benchmark_paths)
     timed = [c["timed_steps"] for c in cells if c.get("timed_steps") is not None]
     at_time = stopped_at_time_limit(cells, config["measure"])
-    quality = quality_table(runs, config["techniques"], baseline)
+    quality = quality_table(runs, config["techniques"], baseline, config["quality"]["margin"])
     exact = exactness(
         [read_json(Path(p)) for p in exactness_paths],
         config["techniques"],

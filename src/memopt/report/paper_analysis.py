@@ -54,7 +54,9 @@ def _quality_words(row: dict | None) -> str:
         return "quality not measured"
     if row["verdict"] is None:
         return "the reference quality"
-    return f"quality {row['verdict']} against the baseline's function"
+    words = {"equivalent": "equivalent to", "worse": "worse than", "better": "better than"}
+    verdict = words.get(row["verdict"], f"{row['verdict']} against")
+    return f"quality {verdict} the baseline's function"
 
 
 def recommendations(

@@ -226,17 +226,6 @@ def _window_flops(ctx: dict) -> list[dict]:
     return out
 
 
-def _seed_spread(quality: dict) -> float | None:
-    """The widest seed range of validation loss among the functions (nats): differences between
-    functions smaller than about this cannot be seen with these seeds."""
-    spans = [
-        r["val_loss"]["max"] - r["val_loss"]["min"]
-        for r in quality.get("rows", [])
-        if r["val_loss"]["n"] and r["val_loss"]["n"] > 1
-    ]
-    return max(spans) if spans else None
-
-
 def _uncovered_quality_kernels(ctx: dict) -> list[dict]:
     """Quality runs whose kernel none of their function's timed techniques ran: the exactness
     runs, which compare the techniques, do not cover that kernel."""
@@ -247,6 +236,12 @@ def _uncovered_quality_kernels(ctx: dict) -> list[dict]:
         if r.get("kernel") and ran and r["kernel"] not in ran:
             out.append({"function": r["function"], "kernel": r["kernel"], "timed": sorted(ran)})
     return out
+
+
+# Training tokens per parameter at which a model of fixed compute budget trains best (Hoffmann et
+# al., 2022, "Training Compute-Optimal Large Language Models"): below it, quality runs are early
+# training, and the paper says so.
+OPTIMAL_TOKENS_PER_PARAM = 20
 
 
 def story(ctx: dict) -> dict:
@@ -287,6 +282,7 @@ def story(ctx: dict) -> dict:
     ]
     parts = {name: peak_parts(c) for name, c in same.items()}
     return {
+        "optimal_tokens_per_param": OPTIMAL_TOKENS_PER_PARAM,
         "memory": _memory_terms(ctx),
         "fused_share": _fused_share(same, ctx["baseline"], ctx["techniques"]),
         "logits_bound": [
@@ -309,7 +305,6 @@ def story(ctx: dict) -> dict:
         "fastest_tf32": _fastest_tf32(ctx),
         "compile_saving": _compile_saving(ctx, same),
         "window_flops": _window_flops(ctx),
-        "seed_spread": _seed_spread(ctx["quality"]),
         "uncovered_kernels": _uncovered_quality_kernels(ctx),
         "reports_agree": all(
             (r["lo"] - 1) * (r["ours"] - 1) > 0 and (r["hi"] - 1) * (r["ours"] - 1) > 0

@@ -176,20 +176,25 @@ def quality_table(ctx: dict) -> Table:
         f"validation\nloss and perplexity over {cfg['train']['eval_sequences']} sequences spread "
         "over the validation split, evaluated in FP32 with the explicit kernel:\nmean ± standard "
         f"deviation over the seeds, and the seed range. Against `{q['reference_function']}` (the "
-        "baseline's function),\na difference counts only when the seed ranges of validation loss "
-        "do not overlap."
+        "baseline's function),\nseed by seed (the same initialization and batches): Δ is the mean "
+        "paired difference of validation loss with its\n95% interval (Student's t); *equivalent* "
+        f"where the interval lies inside ±{num(q['margin'], 3)} nats (`quality.margin`), *worse* or "
+        "*better*\nwhere it lies above or below 0, else *inconclusive*; MDD is the difference "
+        "these seeds would detect with 80% power."
     )
     rows, notes = [], []
     for r in q["rows"]:
         loss = r["val_loss"]
         sd = f" ± {num(loss['sd'], 4)}" if loss["sd"] is not None else ""
-        delta = r["delta_val_loss"]
+        delta, p = r["delta_val_loss"], r["paired"] or {}
         ref = "reference" if r["function"] == q["reference_function"] else "n/a"
+        interval = f"[{num(p['lo'], 4)}, {num(p['hi'], 4)}]" if p.get("lo") is not None else ""
         rows.append(
             [r["function"], ", ".join(r["techniques"]), r["kernel"], loss["n"],
              num(loss["mean"], 4) + sd, num(r["val_ppl"]["mean"], 2),
              f"{num(r['val_ppl']['min'], 2)}–{num(r['val_ppl']['max'], 2)}",
-             num(delta, 4) if delta is not None else ref, r["verdict"] or ""]
+             " ".join(filter(None, [num(delta, 4) if delta is not None else ref, interval])),
+             num(p["mdd"], 4) if p.get("mdd") is not None else "", r["verdict"] or ""]
         )  # fmt: skip
         for f in r["failed"]:
             why = (
@@ -200,9 +205,9 @@ def quality_table(ctx: dict) -> Table:
             )
             notes.append(f"Seed {f['seed']} of `{r['function']}` did not finish: {why}.")
     columns = ["function", "techniques", "kernel", "seeds", "val loss", "val ppl", "ppl range",
-               "Δ val loss", "verdict"]  # fmt: skip
+               "Δ val loss (95% CI)", "MDD", "verdict"]  # fmt: skip
     notes = ["\n".join(notes)] if notes else []
-    return Table(columns, "lllrrrrrl", rows, caption, 3, "quality", notes, layout="resize")
+    return Table(columns, "lllrrrrrrl", rows, caption, 3, "quality", notes, layout="resize")
 
 
 def optimal_table(ctx: dict) -> Table:

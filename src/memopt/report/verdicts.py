@@ -1,5 +1,5 @@
 """What the protocol's three kinds of job conclude, for the paper: the quality of each function
-over its seeds (and whether two functions are distinguishable), the exactness check of each
+over its seeds (and its paired verdict against the reference's), the exactness check of each
 technique against its function's reference, the throughput-optimal batch of each technique, and
 how much of the study's job time was measurement. Torch-free."""
 
@@ -13,6 +13,7 @@ import pandas as pd
 
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_text
+from memopt.report.paired import paired_differences, paired_verdict
 from memopt.runtime.functions import function_of, functions, reference_technique
 
 QUALITY_COLUMNS = (
@@ -62,11 +63,14 @@ def _spread(values: list[float]) -> dict:
     }
 
 
-def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str) -> dict:
+def quality_table(
+    runs: list[dict], techniques: dict[str, dict], reference: str, margin: float = 0.02
+) -> dict:
     """Per function: the techniques sharing it, the kernel its runs used, validation loss and
     perplexity over the seeds (mean, sd, range), and the comparison with the reference's function
-    (the baseline's). Two functions are *distinguishable* only when their seed ranges of
-    validation loss do not overlap; with one seed each nothing is distinguishable."""
+    (the baseline's): paired by seed (memopt.report.paired), a 95% interval of the difference
+    and a verdict against the equivalence margin (`quality.margin`, nats): equivalent, worse,
+    better or inconclusive, with the minimum detectable difference of the seeds run."""
     by_function: dict[str, list[dict]] = {}
     for run in runs:
         by_function.setdefault(run["function"], []).append(run)
@@ -100,7 +104,7 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
         row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
-        row["delta_val_loss"] = row["verdict"] = None
+        row["delta_val_loss"] = row["verdict"] = row["paired"] = None
         if row["diverged_seeds"]:  # its finite seeds alone would flatter it: no comparison
             row["verdict"] = "diverged (seed " + ", ".join(map(str, row["diverged_seeds"])) + ")"
             continue
@@ -109,15 +113,14 @@ def quality_table(runs: list[dict], techniques: dict[str, dict], reference: str)
             continue
         if ref is None or row is ref or not row["val_loss"]["n"] or not ref["val_loss"]["n"]:
             continue
-        a, b = row["val_loss"], ref["val_loss"]
-        row["delta_val_loss"] = a["mean"] - b["mean"]
-        if a["n"] < 2 or b["n"] < 2:
-            row["verdict"] = "one seed: no spread to judge by"
-        elif a["min"] > b["max"] or a["max"] < b["min"]:
-            row["verdict"] = "worse" if a["mean"] > b["mean"] else "better"
-        else:
-            row["verdict"] = "not distinguishable"
-    return {"reference_function": ref_function, "rows": rows}
+        diffs = paired_differences(runs, row["function"], ref_function)
+        if not diffs:
+            row["verdict"] = "n/a: no seed in common with the reference"
+            continue
+        row["paired"] = paired_verdict(diffs, margin)
+        row["delta_val_loss"] = row["paired"]["mean"]
+        row["verdict"] = row["paired"]["verdict"]
+    return {"reference_function": ref_function, "rows": rows, "margin": margin}
 
 
 def _diff(a: float | None, b: float | None, signed: bool = False) -> float:
