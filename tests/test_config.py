@@ -56,6 +56,7 @@ def test_default_study_matches_the_issue():
         "batch": 32,
         "seeds": 2,
         "margin": 0.02,  # issue 35: the equivalence margin of the paired verdicts
+        "position_buckets": [64, 128, 512],  # and the loss by position
     }  # docs/protocol.md, "Study time"
     assert (cfg["exactness"]["steps"], cfg["exactness"]["tolerance"]["bf16"]) == (50, 0.05)
     assert set(cfg["techniques"]) == {

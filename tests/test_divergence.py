@@ -214,8 +214,9 @@ def test_a_reference_with_a_diverged_seed_is_no_yardstick():
 def test_a_non_finite_validation_loss_is_a_divergence_too(tiny_study, monkeypatch):
     """The last update can break the weights after the last training loss was read."""
     cfg, data = tiny_study
-    cfg = cfg | {"quality": {"tokens": 4 * 32 * 5, "batch": 4, "seeds": 1}}
-    monkeypatch.setattr(memopt.jobs.quality, "evaluate", lambda *args: float("nan"))
+    cfg = cfg | {"quality": {**cfg["quality"], "tokens": 4 * 32 * 5, "batch": 4, "seeds": 1}}
+    nan = {"loss": float("nan"), "positions": []}
+    monkeypatch.setattr(memopt.jobs.quality, "evaluate", lambda *args: nan)
     run = run_quality(cfg, "fp32", 1234, data, "cpu")
     assert run["status"] == "diverged" and run["diverged_step"] == 6  # after the 5 steps
     assert run["error"] == "validation loss after the last update became nan at step 6"

@@ -49,20 +49,42 @@ def _explicit_fp32(model: torch.nn.Module):
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+def position_buckets(bounds: list[int], seq_len: int) -> list[tuple[int, int]]:
+    """Positions 1..seq_len split at `bounds` (each bucket's last position; those at or past
+    seq_len dropped): [64, 128, 512] at 1,024 -> (1, 64), (65, 128), (129, 512), (513, 1024)."""
+    lasts = [b for b in sorted(set(bounds)) if b < seq_len] + [seq_len]
+    return [(first + 1, last) for first, last in zip([0, *lasts[:-1]], lasts)]
+
+
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, sequences: torch.Tensor, batch_size: int, device: str
-) -> float:
+    model: torch.nn.Module,
+    sequences: torch.Tensor,
+    batch_size: int,
+    device: str,
+    buckets: list[tuple[int, int]] = (),
+) -> dict:
+    """The validation loss over every predicted token of `sequences` ("loss") and, per bucket of
+    positions (first, last; 1-based), the mean over sequences of each sequence's mean loss there
+    with its standard error over sequences ("positions")."""
     model.eval()
-    total, count = 0.0, 0
+    per_token = []
     with _explicit_fp32(model):
         for chunk in sequences.split(batch_size):
             chunk = chunk.to(device)
-            loss = model(chunk[:, :-1], chunk[:, 1:])
-            total += loss.item() * chunk.size(0)
-            count += chunk.size(0)
+            logits = model(chunk[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().transpose(1, 2), chunk[:, 1:], reduction="none"
+            )
+            per_token.append(loss.double().cpu())
     model.train()
-    return total / count
+    losses = torch.cat(per_token)  # (sequences, seq_len)
+    positions = []
+    for first, last in buckets:
+        means = losses[:, first - 1 : last].mean(dim=1)
+        se = means.std().item() / math.sqrt(len(means)) if len(means) > 1 else None
+        positions.append({"first": first, "last": last, "loss": means.mean().item(), "se": se})
+    return {"loss": losses.mean().item(), "positions": positions}
 
 
 def quality_budget(cfg: dict, data: TokenData) -> dict:
@@ -136,8 +158,11 @@ def _quality_run(cfg, spec, function, seed, data: TokenData, device: str, budget
     )
     del opt
     t0 = time.perf_counter()
-    seqs = eval_sequences(data.val, cfg["model"]["seq_len"], cfg["train"]["eval_sequences"])
-    val_loss = evaluate(eval_model(applied), seqs, cfg["train"]["eval_batch_size"], device)
+    seq_len = cfg["model"]["seq_len"]
+    seqs = eval_sequences(data.val, seq_len, cfg["train"]["eval_sequences"])
+    buckets = position_buckets(cfg["quality"]["position_buckets"], seq_len)
+    scored = evaluate(eval_model(applied), seqs, cfg["train"]["eval_batch_size"], device, buckets)
+    val_loss = scored["loss"]
     if not math.isfinite(val_loss):  # the last update broke the weights
         raise Diverged(
             budget["steps"] + 1, val_loss, curve, "validation loss after the last update"
@@ -153,6 +178,7 @@ def _quality_run(cfg, spec, function, seed, data: TokenData, device: str, budget
         "eval_sequences": len(seqs),
         "val_loss": val_loss,
         "val_ppl": math.exp(min(val_loss, 50.0)),
+        "val_positions": scored["positions"],  # loss by position (quality.position_buckets)
         "error": None,
     }
 

@@ -8,6 +8,7 @@ paper can never silently lack a number.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -188,7 +189,12 @@ def _quality_runs(quality_csv: Path | None) -> list[dict]:
     import pandas as pd
 
     frame = pd.read_csv(quality_csv)
-    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+    runs = [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+    for run in runs:  # loss by position: JSON in quality.csv (absent in runs from before it)
+        run["val_positions"] = (
+            json.loads(run["val_positions"]) if run.get("val_positions") else None
+        )
+    return runs
 
 
 def build_context(

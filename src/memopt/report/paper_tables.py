@@ -210,6 +210,20 @@ def quality_table(ctx: dict) -> Table:
     return Table(columns, "lllrrrrrrl", rows, caption, 3, "quality", notes, layout="resize")
 
 
+def positions_table(ctx: dict) -> Table:
+    rows = [r for r in ctx["quality"]["rows"] if r.get("positions")]
+    buckets = rows[0]["positions"]
+    caption = (
+        "validation loss by position in the sequence, per function: the mean over its seeds of "
+        "each run's mean loss over\nthe tokens at those positions (every evaluated sequence), "
+        "± the mean standard error over sequences."
+    )
+    columns = ["function"] + [f"positions {b['first']:,}–{b['last']:,}" for b in buckets]
+    body = [[r["function"]] + [f"{num(p['loss'], 3)} ± {num(p['se'], 3)}" for p in r["positions"]]
+            for r in rows]  # fmt: skip
+    return Table(columns, "l" + "r" * len(buckets), body, caption, None, "positions")
+
+
 def optimal_table(ctx: dict) -> Table:
     def at(best):
         return f"{num(best['tokens_per_s'], 0)} at {best['batch']}" if best else "n/a"
@@ -322,12 +336,13 @@ def build(ctx: dict) -> dict[str, Table | None]:
         "references": bool(ctx["references"]["rows"]),
         "gpus": bool(ctx["where"]["gpus"]),
         "stages": bool(ctx["stages"]["rows"]),
+        "positions": any(r.get("positions") for r in ctx["quality"]["rows"]),
     }
     builders = {
         "techniques": techniques_table, "results": results_table, "search": search_table,
         "quality": quality_table, "optimal": optimal_table, "exactness": exactness_table,
         "relative": relative_table, "increments": increments_table, "memory": memory_table,
         "recommend": recommend_table, "references": references_table, "gpus": gpus_table,
-        "stages": stages_table,
+        "stages": stages_table, "positions": positions_table,
     }  # fmt: skip
     return {name: make(ctx) if has.get(name, True) else None for name, make in builders.items()}

@@ -5,6 +5,7 @@ how much of the study's job time was measurement. Torch-free."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -19,7 +20,7 @@ from memopt.runtime.functions import function_of, functions, reference_technique
 QUALITY_COLUMNS = (
     "function seed status precision window kernel batch_size steps tokens train_s eval_s wall_s "
     "val_loss val_ppl final_train_loss error diverged_step provenance_gpu provenance_gpu_uuid provenance_host "
-    "provenance_git_commit"
+    "provenance_git_commit val_positions"
 ).split()
 
 
@@ -39,6 +40,8 @@ def quality_row(run: dict) -> dict:
     row["final_train_loss"] = curve[-1] if curve else None
     for key in ("gpu", "gpu_uuid", "host", "git_commit"):
         row[f"provenance_{key}"] = prov.get(key)
+    # loss by position bucket, as JSON in one column (runs from before it was recorded: empty)
+    row["val_positions"] = json.dumps(run["val_positions"]) if run.get("val_positions") else None
     return row
 
 
@@ -102,6 +105,8 @@ def quality_table(
         )
     for row in rows:
         row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
+        done = [r for r in by_function.get(row["function"], []) if r["status"] == "ok"]
+        row["positions"] = _positions(done)
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
         row["delta_val_loss"] = row["verdict"] = row["paired"] = None
@@ -121,6 +126,21 @@ def quality_table(
         row["delta_val_loss"] = row["paired"]["mean"]
         row["verdict"] = row["paired"]["verdict"]
     return {"reference_function": ref_function, "rows": rows, "margin": margin}
+
+
+def _positions(runs: list[dict]) -> list[dict] | None:
+    """Loss by position bucket over a function's seeds: per bucket the mean of the runs' losses
+    and the mean of their standard errors (over sequences); None unless every run recorded it."""
+    recorded = [r.get("val_positions") for r in runs]
+    if not recorded or not all(recorded):
+        return None
+    out = []
+    for i, bucket in enumerate(recorded[0]):
+        ses = [p[i]["se"] for p in recorded if p[i]["se"] is not None]
+        out.append({"first": bucket["first"], "last": bucket["last"],
+                    "loss": statistics.fmean(p[i]["loss"] for p in recorded),
+                    "se": statistics.fmean(ses) if ses else None})  # fmt: skip
+    return out
 
 
 def _diff(a: float | None, b: float | None, signed: bool = False) -> float:

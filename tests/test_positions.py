@@ -1,0 +1,71 @@
+"""Loss by position (issue 35): the buckets, the evaluation that reports them beside the whole
+validation loss, a quality run recording them, and their mean over seeds for the paper."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memopt.jobs.quality import evaluate, position_buckets, run_quality
+from memopt.report.paper_tables import positions_table
+from memopt.report.verdicts import quality_table
+
+
+def test_buckets_split_the_positions_at_the_bounds():
+    assert position_buckets([64, 128, 512], 1024) == [(1, 64), (65, 128), (129, 512), (513, 1024)]
+    assert position_buckets([512, 64, 128], 100) == [(1, 64), (65, 100)]  # bounds past the end
+    assert position_buckets([64], 64) == [(1, 64)]
+
+
+def test_evaluation_reports_each_bucket_and_the_same_whole_loss(tiny_study):
+    from memopt.data.tokens import eval_sequences
+    from memopt.runtime.step import prepare
+
+    cfg, data = tiny_study
+    spec = cfg["techniques"]["baseline"]
+    applied, _, _ = prepare(cfg, spec, data, 4, "cpu", 1234)
+    model = applied.model
+    seqs = eval_sequences(data.val, 32, 12)
+    scored = evaluate(model, seqs, 5, "cpu", position_buckets([8, 16], 32))
+    with torch.no_grad():
+        model.eval()
+        logits = model(seqs[:, :-1])
+        tokens = torch.nn.functional.cross_entropy(
+            logits.double().transpose(1, 2), seqs[:, 1:], reduction="none"
+        )
+        whole = model(seqs[:, :-1], seqs[:, 1:]).item()
+    assert scored["loss"] == pytest.approx(whole, abs=1e-5)  # what evaluate returned before
+    first = tokens[:, :8].mean(dim=1)
+    assert [(p["first"], p["last"]) for p in scored["positions"]] == [(1, 8), (9, 16), (17, 32)]
+    assert scored["positions"][0]["loss"] == pytest.approx(first.mean().item(), abs=1e-5)
+    assert scored["positions"][0]["se"] == pytest.approx(first.std().item() / 12**0.5, rel=1e-4)
+    weights = [8, 8, 16]  # the buckets' shares of the tokens: the whole loss is their blend
+    blend = sum(w * p["loss"] for w, p in zip(weights, scored["positions"])) / 32
+    assert blend == pytest.approx(scored["loss"], abs=1e-6)
+
+
+def test_a_quality_run_records_loss_by_position(tiny_study):
+    cfg, data = tiny_study
+    cfg = {**cfg, "quality": {**cfg["quality"], "tokens": 32 * 32 * 3, "position_buckets": [4, 16]}}
+    run = run_quality(cfg, "fp32", 1234, data, "cpu")
+    assert run["status"] == "ok"
+    assert [(p["first"], p["last"]) for p in run["val_positions"]] == [(1, 4), (5, 16), (17, 32)]
+    assert all(p["se"] > 0 for p in run["val_positions"])
+
+
+def test_the_paper_shows_each_functions_mean_over_seeds():
+    def run(function, seed, losses):
+        pos = [{"first": f, "last": last, "loss": v, "se": 0.01}
+               for (f, last), v in zip([(1, 64), (65, 1024)], losses)]  # fmt: skip
+        return {"function": function, "seed": seed, "status": "ok", "val_loss": sum(losses) / 2,
+                "val_ppl": 1.0, "kernel": "x", "tokens": 1, "val_positions": pos}  # fmt: skip
+
+    techniques = {"base": {"precision": "fp32", "window": None, "attention": "math"}}
+    runs = [run("fp32", 1, (5.4, 5.2)), run("fp32", 2, (5.6, 5.0))]
+    quality = quality_table(runs, techniques, "base")
+    assert quality["rows"][0]["positions"][0]["loss"] == pytest.approx(5.5)
+    table = positions_table({"quality": quality})
+    assert table.columns == ["function", "positions 1–64", "positions 65–1,024"]
+    assert table.rows == [["fp32", "5.500 ± 0.010", "5.100 ± 0.010"]]
+    runs[1]["val_positions"] = None  # a run from before positions were recorded: no table row
+    assert quality_table(runs, techniques, "base")["rows"][0]["positions"] is None
