@@ -102,7 +102,7 @@ def test_the_knob_registry_is_the_schemas_technique_part():
     for knob in knobs.KNOBS:
         jsonschema.validate(knob.default, knob.schema())
         assert knob.doc and knob.group
-    assert knobs.function_knobs() == ("precision", "window", "optimizer")
+    assert knobs.function_knobs() == ("precision", "window", "optimizer", "lr_scale")
 
 
 @pytest.mark.parametrize(
@@ -294,3 +294,16 @@ def test_an_installed_package_validates_outside_the_checkout(tmp_path):
     assert out.stdout.startswith(str(site)) and "study.yaml: valid (study 'smoke'" in out.stdout
     help_ = subprocess.run([*run, "--help"], cwd=work, env=env, capture_output=True, text=True)
     assert help_.returncode == 0 and "validate" in help_.stdout
+
+
+def test_the_long_quality_study_has_what_issue_35_asks():
+    """config/quality.yaml: at least 4 seeds and 30M tokens per run, the functions the issue names
+    (a TF32 reference, BF16, windows 128 and 32, 8-bit AdamW, FP16, FP8) and a positive control."""
+    from memopt.runtime.functions import functions
+
+    cfg = validate_config(load_config_file(ROOT / "config" / "quality.yaml"))
+    assert cfg["quality"]["seeds"] >= 4 and cfg["quality"]["tokens"] >= 30_000_000
+    assert cfg["train"]["eval_sequences"] >= 256 and cfg["quality"]["margin"] > 0
+    assert list(functions(cfg["techniques"])) == [
+        "tf32", "bf16", "bf16_w128", "bf16_w32", "bf16_adamw8bit", "fp16", "fp8", "bf16_lr0.5"]  # fmt: skip
+    assert cfg["baseline"] == "tf32" and cfg["study"] == "quality"

@@ -91,3 +91,28 @@ def test_seed_k_of_every_function_starts_alike_and_sees_the_same_batches(tiny_st
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         assert all(torch.equal(p, q) for p, q in zip(xa, xb))
     assert not torch.equal(made["fp32", 7][1][0], made["fp32", 8][1][0])
+
+
+def test_the_positive_control_is_its_own_function_with_a_scaled_learning_rate(tiny_study):
+    """lr_scale (the quality verdicts' positive control): another function, named so, whose
+    optimizer steps at the scaled learning rate through warm-up and schedule."""
+    from memopt.config import validate_config
+    from memopt.runtime.functions import function_of, functions, quality_spec
+    from memopt.runtime.step import lr_at, prepare, train_step
+
+    techniques = validate_config({"techniques": {"flash": {"precision": "bf16"},
+                                                 "slow": {"precision": "bf16", "lr_scale": 0.5}},
+                                  "baseline": "flash"})["techniques"]  # fmt: skip
+    assert function_of(techniques["slow"]) == "bf16_lr0.5" and len(functions(techniques)) == 2
+    assert quality_spec(techniques, "bf16_lr0.5")["lr_scale"] == 0.5
+    cfg, data = tiny_study
+    for name, scale in (("flash", 1.0), ("slow", 0.5)):
+        spec = {**techniques[name], "precision": "fp32"}
+        applied, opt, batches = prepare(cfg, spec, data, 4, "cpu", 1)
+        for step in range(3):
+            train_step(applied, opt, *batches.next(), step, cfg["train"])
+            assert {g["lr"] for g in opt.param_groups} == {lr_at(step, cfg["train"]) * scale}
+    from memopt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lr_scale"):
+        validate_config({"techniques": {"x": {"lr_scale": 0}}, "baseline": "x"})

@@ -38,7 +38,7 @@ RUNLOG=logs/study-run.log
 CONFIGFILE=${STUDY_CONFIG:-config.yaml}  # another config (e.g. the smoke study) tests this script
 CORPUS="corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '${STUDY_DATASET:-eltec_pol_corpus}'}"
 # Targets in order with their estimates (H100 seconds; tools/bench_overhead.py): the searches (with
-# the exactness runs), every cell, every quality run, the paper. Another config: 20 s each.
+# the exactness runs), every cell, every quality run (from its tokens), the paper. On a CPU: 20 s.
 make_targets() {  # after setup: memopt's config needs the carried wheels (jsonschema)
 mapfile -t TARGETS < <(python3 - "$CONFIGFILE" <<'PY'
 import sys, yaml
@@ -60,9 +60,12 @@ for t in c["techniques"]:
     for b in c["batch_sizes"]:
         big = c["techniques"][t].get("checkpointing", "none") != "none" and b == "max"
         print(f"results/cells/{t}/{b}.json", (90 if big else 60) if default else 20)
-for f in functions(c["techniques"]):
+tokens = c["quality"]["tokens"] or 12_000_000  # null: one epoch (eltec_pol_corpus: ~11.5M)
+for f in functions(c["techniques"]):  # H100 tokens/s of the default model at batch 32
+    rate = {"fp32": 45_000, "tf32": 100_000}.get(f.split("_")[0], 300_000)
     for i in range(c["quality"]["seeds"]):
-        print(f"results/quality/{f}/{c['train']['seed'] + i}.json", (160 if f == "fp32" else 60) if default else 20)
+        est = int(30 + tokens / rate) if c["device"] == "cuda" else 20
+        print(f"results/quality/{f}/{c['train']['seed'] + i}.json", est)
 print("paper", 90 if default else 20)
 PY
 )

@@ -333,6 +333,20 @@ KNOBS: tuple[Knob, ...] = (
         ),
         label=lambda r: f"compile mode {r['compile_mode']}",
     ),
+    Knob(
+        "lr_scale",
+        "lr",
+        (
+            "The technique's learning rate as a multiple of train.lr (its warm-up and schedule "
+            "scaled alike): another function, not a memory technique; a positive control for the "
+            "quality verdicts (a known, small harm they must detect, e.g. 0.5)."
+        ),
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+        default=1.0,
+        function=True,
+        describe=lambda r: f"lr x{r.get('lr_scale', 1.0):g}",
+        label=lambda r: f"learning rate x{r['lr_scale']:g}",
+    ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 

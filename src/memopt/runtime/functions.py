@@ -12,19 +12,22 @@ from __future__ import annotations
 
 from memopt.knobs import KNOBS, defaults, function_knobs
 
-FUNCTION = function_knobs()  # precision, window, optimizer: what the function is
+FUNCTION = function_knobs()  # precision, window, optimizer, lr_scale: what the function is
 # The knobs that change how a function is computed (their subordinates follow them).
 HOW = tuple(k for k in KNOBS if not k.function and not k.subordinate)
 
 
 def function_of(spec: dict) -> str:
-    """A short name: the precision, plus the window if any, plus an optimizer other than AdamW
-    (`bf16`, `bf16_w128`, `fp32`, `bf16_adamw8bit`)."""
+    """A short name: the precision, plus the window if any, plus an optimizer other than AdamW,
+    plus a learning-rate scale other than 1 (`bf16`, `bf16_w128`, `fp32`, `bf16_adamw8bit`,
+    `bf16_lr0.5`)."""
     name = spec["precision"]
     if spec.get("window") is not None:
         name += f"_w{spec['window']}"
     optimizer = spec.get("optimizer", "adamw")
-    return name if optimizer == "adamw" else f"{name}_{optimizer}"
+    name = name if optimizer == "adamw" else f"{name}_{optimizer}"
+    scale = spec.get("lr_scale", 1.0)
+    return name if scale == 1.0 else f"{name}_lr{scale:g}"
 
 
 def functions(techniques: dict[str, dict]) -> dict[str, list[str]]:

@@ -44,7 +44,7 @@ def _build(
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=BETAS, fused=device == "cuda")
     if name == "adafactor":
-        groups = [{**g, "lr_scale": ADAFACTOR_LR_SCALE} for g in groups]
+        groups = [{**g, "lr_scale": g.get("lr_scale", 1.0) * ADAFACTOR_LR_SCALE} for g in groups]
         return torch.optim.Adafactor(groups, lr=lr * ADAFACTOR_LR_SCALE)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=0.9)
@@ -124,13 +124,16 @@ def make_optimizer(
     optimizer: str = "adamw",
     in_backward: bool = False,
     shard: str = "none",
+    lr_scale: float = 1.0,
 ):
-    """The optimizer of a technique (see the module docstring) over the model's parameters."""
+    """The optimizer of a technique (see the module docstring) over the model's parameters;
+    `lr_scale` (the technique's knob) multiplies the learning rate the step sets."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": train_cfg["weight_decay"]},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    groups = [{**g, "lr_scale": lr_scale} for g in groups]
 
     def build(g):
         return _build(optimizer, g, train_cfg["lr"], device, shard)

@@ -50,6 +50,7 @@ def technique_optimizer(applied: Applied, spec: dict, train_cfg: dict, device: s
         spec["optimizer"],
         spec["optimizer_in_backward"],
         spec["shard"],
+        spec.get("lr_scale", 1.0),
     )
 
 
