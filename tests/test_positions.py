@@ -69,3 +69,23 @@ def test_the_paper_shows_each_functions_mean_over_seeds():
     assert table.rows == [["fp32", "5.500 ± 0.010", "5.100 ± 0.010"]]
     runs[1]["val_positions"] = None  # a run from before positions were recorded: no table row
     assert quality_table(runs, techniques, "base")["rows"][0]["positions"] is None
+
+
+def test_the_positions_figure_draws_each_function_or_says_why_not():
+    from memopt.report.figures_quality import positions_figure
+
+    def run(function, seed, losses):
+        pos = [{"first": f, "last": last, "loss": v, "se": 0.02}
+               for (f, last), v in zip([(1, 64), (65, 128), (129, 1024)], losses)]  # fmt: skip
+        return {"function": function, "seed": seed, "status": "ok", "val_positions": pos}
+
+    runs = [run("bf16", 1, (5.4, 5.2, 5.1)), run("bf16", 2, (5.6, 5.0, 5.1)),
+            run("bf16_w32", 1, (5.3, 5.2, 5.3))]  # fmt: skip
+    ax = positions_figure(runs, {}).axes[0]
+    bars = ax.containers  # one error-bar plot per function
+    assert [c.get_label() for c in bars] == ["bf16 (2 seeds)", "bf16_w32 (1 seed)"]
+    line = bars[0].lines[0]
+    assert list(line.get_ydata()) == pytest.approx([5.5, 5.1, 5.1])
+    assert list(line.get_xdata()) == [32.5, 96.5, 576.5]
+    empty = positions_figure([{**runs[0], "val_positions": None}], {}).axes[0]
+    assert "not recorded" in empty.texts[0].get_text()

@@ -21,7 +21,7 @@ from memopt.report.figures_batch import (
     speed_batch_figure,
     windows_figure,
 )
-from memopt.report.figures_quality import loss_figure
+from memopt.report.figures_quality import loss_figure, positions_figure
 from memopt.report.figures_style import (
     entry_hatches,
     entry_label,
@@ -341,6 +341,7 @@ def make_figures(
             summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
         ),
         "loss": lambda: loss_figure(runs, function_colors(summary)),
+        "positions": lambda: positions_figure(runs, function_colors(summary)),
         "tradeoff": lambda: _tradeoff_figure(summary),
         "memory_saved": lambda: _memory_saved_figure(summary, baseline),
         "phases": lambda: _phases_figure(summary),

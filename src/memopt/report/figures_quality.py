@@ -83,3 +83,33 @@ def loss_figure(runs: list[dict], colors: dict) -> Figure:
     ax.set_title("Quality runs: training loss (mean of seeds, band: seed range)", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def positions_figure(runs: list[dict], colors: dict) -> Figure:
+    """Validation loss by position in the sequence, per function: each bucket's loss, the mean
+    over seeds, with the mean standard error over sequences as a bar, at the bucket's middle
+    position (log scale); whether the model uses long context, and what a window gives up there."""
+    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
+    ax = fig.subplots()
+    by_function: dict[str, list[list[dict]]] = {}
+    for run in runs:
+        if run["status"] == "ok" and run.get("val_positions"):
+            by_function.setdefault(run["function"], []).append(run["val_positions"])
+    if not by_function:
+        placeholder(ax, "loss by position was not recorded in these quality runs")
+        return fig
+    for function, seeds in by_function.items():
+        buckets = seeds[0]
+        x = [(b["first"] + b["last"]) / 2 for b in buckets]
+        loss = [sum(s[i]["loss"] for s in seeds) / len(seeds) for i in range(len(buckets))]
+        err = [sum(s[i]["se"] or 0.0 for s in seeds) / len(seeds) for i in range(len(buckets))]
+        ax.errorbar(x, loss, yerr=err, marker="o", ms=3, capsize=2, lw=1.2,
+                    color=colors.get(function), label=f"{function} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xticks(x, [f"{b['first']:,}–{b['last']:,}" for b in buckets], fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("positions in the sequence")
+    ax.set_ylabel("validation loss (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig

@@ -56,6 +56,7 @@ FIGURE_NAMES = (
     "windows",
     "phases",
     "max_batch",
+    "positions",
 )
 
 
