@@ -37,23 +37,30 @@ def config() -> dict:
     })  # fmt: skip
 
 
-def batches(model: str, n: int) -> dict:
+def batches(model: str, n: int, variant: bool = False) -> dict:
     """The known answers: the window pays from 64 tokens; offload everywhere (host-limited on
-    llama_m); FP32 fits nothing at llama_m 64."""
+    llama_m); FP32 fits nothing at llama_m 64. The variant: flash (the reference) fits nothing at
+    llama_m 64 either, and the window ties offload at gpt2_s 32."""
     flash = {"gpt2_s": 40, "llama_s": 36, "llama_m": 20}[model] * 32 // n
-    return {"fp32": 0 if (model == "llama_m" and n == 64) else flash // 3, "flash": flash,
-            "window": flash if n == 32 else flash * 3 // 2, "offload": flash * 4}  # fmt: skip
+    out = {"fp32": 0 if (model == "llama_m" and n == 64) else flash // 3, "flash": flash,
+           "window": flash if n == 32 else flash * 3 // 2, "offload": flash * 4}  # fmt: skip
+    if variant and model == "llama_m" and n == 64:
+        out["flash"] = 0
+    if variant and model == "gpt2_s" and n == 32:
+        out["window"] = out["offload"]
+    return out
 
 
-def write_results(root: Path) -> dict:
+def write_results(root: Path, variant: bool = False) -> dict:
     cfg = config()
     prov = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "python": "3.12.3",
             "cuda": "13.0", "git_commit": "abc123"}  # fmt: skip
     for point in map_points(cfg):
         name, n = point.rsplit("_", 1)
         n = int(n)
-        for t, b in batches(name, n).items():
+        for t, b in batches(name, n, variant).items():
             p = {**prov, "gpu_uuid": UUIDS[name]}
+            split = variant and point == "llama_s_32" and t == "flash"  # its search on another GPU
             host = t == "offload" and name == "llama_m"
             error = "offload: activations: would pin more" if host else "CUDA out of memory"
             search = {"technique": t, "status": "ok" if b else "none_fits", "max_batch": b,
@@ -61,7 +68,7 @@ def write_results(root: Path) -> dict:
                       "fit": {"fixed_mib": 500.0, "per_sample_mib": 2.0 * n} if b else None,
                       "trials": [{"batch": 1, "fits": bool(b), "error": None if b else error},
                                  *([{"batch": b, "fits": True}, {"batch": b + 1, "fits": False, "error": error}] if b else [])],
-                      "provenance": p}  # fmt: skip
+                      "provenance": {**p, "gpu_uuid": "GPU-cccc"} if split else p}  # fmt: skip
             cell = {"status": "ok", "tokens_per_s": 1000.0 * b, "model_tflops": 1.0, "mfu": 0.25,
                     "peak_allocated_mib": 70000.0, "provenance": p,
                     "memory_breakdown": {"weights_mib": 10.0, "gradients_mib": 10.0,
@@ -165,3 +172,19 @@ def test_the_latex_compiles(rendered, tmp_path):
                        capture_output=True, timeout=300)  # fmt: skip
     log = (build / "paper.log").read_text(errors="replace")
     assert re.findall(r"^!.*", log, re.M) == [] and (build / "paper.pdf").exists()
+
+
+def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path):
+    write_results(tmp_path, variant=True)
+    main(["paper", "--config", str(tmp_path / "config.yaml"), "--results", str(tmp_path / "results"),
+          "--data", str(tmp_path / "data"), "--out", str(tmp_path / "paper")])  # fmt: skip
+    md = (tmp_path / "paper/paper.md").read_text()
+    found = json.loads((tmp_path / "results/map_findings.json").read_text())
+    offload = {f["at"]: f for f in found["techniques"]["offload"] if f["axis"] == "length"}
+    assert offload["llama_m"]["ratios"]["64"] is None  # the reference fits nothing: no ratio
+    abstract = md.split("## Abstract")[1].split("## 1")[0]
+    assert (
+        "`offload` trains the most tokens per step at every point (tied with another technique at some)"
+        in abstract
+    )
+    assert "The searches and cells of `llama_s_32` ran on more than one GPU" in md

@@ -116,3 +116,26 @@ def test_the_positive_control_is_its_own_function_with_a_scaled_learning_rate(ti
 
     with pytest.raises(ConfigError, match="lr_scale"):
         validate_config({"techniques": {"x": {"lr_scale": 0}}, "baseline": "x"})
+
+
+def test_a_positive_control_is_judged_but_never_recommended():
+    from memopt.report.paper_analysis import _as_good_as_the_best
+    from memopt.report.verdicts import quality_table
+
+    techniques = {
+        "flash": {"precision": "bf16", "window": None, "attention": "flash"},
+        "slow": {"precision": "bf16", "window": None, "attention": "flash", "lr_scale": 0.5},
+        "w": {"precision": "bf16", "window": 32, "attention": "flex"},
+    }
+    runs = [{"function": f, "seed": s, "status": "ok", "val_loss": v, "val_ppl": 1.0,
+             "kernel": "k", "tokens": 1}
+            for f, vals in (("bf16", (5.00, 5.10, 5.05, 5.02)), ("bf16_lr0.5", (5.20, 5.31, 5.24, 5.23)),
+                            ("bf16_w32", (5.30, 5.41, 5.35, 5.31)))
+            for s, v in zip(range(4), vals)]  # fmt: skip
+    q = quality_table(runs, techniques, "flash")
+    rows = {r["function"]: r for r in q["rows"]}
+    assert rows["bf16_lr0.5"]["control"] and not rows["bf16_w32"]["control"]
+    assert rows["bf16_lr0.5"]["verdict"] == "worse" and rows["bf16_w32"]["verdict"] == "worse"
+    assert _as_good_as_the_best(q) == {"bf16"}  # the control is no technique to use
+    rows["bf16_w32"]["verdict"] = "inconclusive"  # not detectably worse: eligible
+    assert _as_good_as_the_best(q) == {"bf16", "bf16_w32"}

@@ -89,6 +89,15 @@ def test_template_edit_reruns_only_the_render(smoke):
         assert planned(wd) == {"render": 1, **PDF, "all": 1}
 
 
+def test_the_equivalence_margin_reruns_only_the_paper(smoke):
+    """quality.margin judges the runs, it does not make them: no quality run reruns."""
+    assert planned(smoke[0], "--config", "quality={'margin': 0.05}") == {
+        "render": 1,
+        **PDF,
+        "all": 1,
+    }
+
+
 def test_paper_code_edit_does_not_retrain(smoke):
     wd = smoke[0]
     with edited(wd / "src/memopt/report/paper.py"):

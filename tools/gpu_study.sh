@@ -61,8 +61,9 @@ for t in c["techniques"]:
         big = c["techniques"][t].get("checkpointing", "none") != "none" and b == "max"
         print(f"results/cells/{t}/{b}.json", (90 if big else 60) if default else 20)
 tokens = c["quality"]["tokens"] or 12_000_000  # null: one epoch (eltec_pol_corpus: ~11.5M)
-for f in functions(c["techniques"]):  # H100 tokens/s of the default model at batch 32
-    rate = {"fp32": 45_000, "tf32": 100_000}.get(f.split("_")[0], 300_000)
+for f in functions(c["techniques"]):  # H100 tokens/s of the default model at batch 32, rounded
+    # down from studies/h100-default's quality runs (fp32 58k, tf32 161k, bf16 388k, 8-bit 156k)
+    rate = 140_000 if "adamw8bit" in f else {"fp32": 50_000, "tf32": 140_000}.get(f.split("_")[0], 250_000)
     for i in range(c["quality"]["seeds"]):
         est = int(30 + tokens / rate) if c["device"] == "cuda" else 20
         print(f"results/quality/{f}/{c['train']['seed'] + i}.json", est)
@@ -180,7 +181,7 @@ case ${1:-} in
     cp /tmp/memopt-"$(id -u)"/*.log logs/worker/ 2>/dev/null  # the warm workers' own logs
     # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
     cut=()  # a map point not finished here: left out, so that it runs again whole elsewhere
-    for p in $(python3 - "$CONFIGFILE" <<'PY'
+    unfinished=$(python3 - "$CONFIGFILE" <<'PY'
 import os, sys, yaml
 sys.path.insert(0, "src")
 from memopt.config import validate_config
@@ -191,7 +192,8 @@ for p in map_points(c):
     if any(os.path.exists(f) for f in files) and not all(os.path.exists(f) for f in files):
         print(p)
 PY
-    ); do
+    ) || echo "save: WARNING: could not tell unfinished map points (they are saved as they are)"
+    for p in $unfinished; do
       echo "save: map point $p is not finished: left out of the state (it runs again whole)"
       cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
     done

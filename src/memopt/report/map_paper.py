@@ -111,7 +111,8 @@ def _where(rows: list[dict]) -> dict:
     for i, g in enumerate(gpus.values(), 1):
         g["label"] = f"GPU {i}"
     commits = sorted({c for r in rows for c in (r["git_commit"], r["search_git_commit"]) if c})
-    return {"gpus": list(gpus.values()), "split": split, "commits": commits}
+    models = sorted({g["model"] for g in gpus.values() if g["model"]})
+    return {"gpus": list(gpus.values()), "split": split, "commits": commits, "models": models}
 
 
 def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, config) -> dict:
@@ -123,14 +124,18 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     techniques = list(dict.fromkeys(r["technique"] for r in rows))
     searches = [read_json(Path(p)) for p in search_paths]
     timed = [r for r in rows if r["cell_status"] == "ok"]
-    best = []  # per point: the technique with the most tokens per step, against the reference
+    best = []  # per point: the techniques with the most tokens per step (ties), against the reference
     for p in points:
         at = [r for r in rows if r["point"] == p]
-        top = max(at, key=lambda r: r["max_tokens"])
+        top = max(r["max_tokens"] for r in at)
+        tied = [r for r in at if r["max_tokens"] == top]
         ref = next(r for r in at if r["technique"] == reference)
-        best.append({"point": p, "technique": top["technique"], "tokens": top["max_tokens"],
-                     "ratio": top["max_tokens"] / ref["max_tokens"] if ref["max_tokens"] else None})  # fmt: skip
-    winners = list(dict.fromkeys(b["technique"] for b in best))
+        best.append({"point": p, "techniques": [r["technique"] for r in tied], "tokens": top,
+                     "bound": any(r["limit"] in ("data", "cap") for r in tied),  # a lower bound
+                     "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None})  # fmt: skip
+    # the techniques among the most at every point (in the map's order), else each point's
+    always = [t for t in techniques if all(t in b["techniques"] for b in best)]
+    winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
     return {
         "config": config, "config_yaml": config_yaml(config), "corpus": read_json(corpus_stats),
@@ -148,14 +153,17 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             "budgets_mib": sorted({s["budget_mib"] for s in searches if s.get("budget_mib")}),
         },
         "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
-        "best": best, "winners": winners,
+        "best": best, "winners": winners, "everywhere": bool(always),
+        "ties": any(len(b["techniques"]) > 1 for b in best), "bound": any(b["bound"] for b in best),
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
+        "reference_precision": config["techniques"][reference]["precision"].upper(),
         "findings": [
             {"technique": t, "length": _groups(f, "length"), "size": _groups(f, "size")}
             for t, f in findings["techniques"].items()
         ],
         "shares": _shares(rows, reference),
-        "device": {"name": timed[0]["gpu"] if timed else None, "gpu": bool(timed and timed[0]["gpu"])},
+        "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
+                   "gpu": any(r["gpu"] for r in timed)},
         "where": _where(rows),
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
@@ -182,7 +190,9 @@ def map_tables(ctx: dict) -> dict[str, Table]:
         [[f"`{m['name']}`", "Llama-style" if m["arch"] == "llama" else "GPT-2-style", m["n_layers"],
           num(m["d_model"]), m["n_heads"], m["n_kv_heads"], num(m["d_ff"]), num(m["params"])]
          for m in ctx["models"]],
-        "The models of the map (parameters with the tied embedding counted once).", 1, "models",
+        "The models of the map (parameters with the tied embedding counted once, at the first "
+        "length: the GPT-2-style model's learned positions add d_model per token of length).",
+        1, "models",
     )  # fmt: skip
     specs = ctx["specs"]
     knobs = Table(

@@ -117,6 +117,7 @@ def map_findings(table, reference: str) -> dict:
             found = starts_to_pay(table, technique, reference)
             out[technique] = [
                 {**f, "at": _plain(f["at"]), "from": _plain(f["from"]),
+                 "ratio": None if f["ratio"] == float("inf") else f["ratio"],  # the reference fits none
                  "ratios": {str(_plain(k)): (None if v == float("inf") else v) for k, v in f["ratios"].items()}}
                 for f in found
             ]  # fmt: skip

@@ -69,11 +69,14 @@ def recommendations(
       stopped at the cap, `capped`, at one batch are tied: neither is known to train more);
     - fastest training: the highest tokens/s of any of the technique's cells;
     - least memory at the same batch: the lowest peak allocated memory at `same`;
-    - best quality per GPU-hour: among techniques whose function is not distinguishably worse
-      than the best function (and never diverged), the highest tokens/s: the same quality in
-      the least time.
+    - best quality per GPU-hour: among techniques whose function is not detectably worse than
+      the reference's (its paired verdict; never diverged), the highest tokens/s: the same
+      quality in the least time.
+    A positive control (a technique whose function changes the learning rate) is a check of the
+    quality verdicts, not a technique to use: it is in none of the goals.
     """
     q = _quality_by_technique(quality)
+    cells = [c for c in cells if not q.get(c["technique"], {}).get("control")]
     base = next(
         (c for c in cells if c["technique"] == baseline and c["batch_entry"] == "same"), None
     )
@@ -167,21 +170,23 @@ def _loss_with_spread(loss: dict) -> str:
 
 
 def _as_good_as_the_best(quality: dict) -> set[str]:
-    """The functions whose validation loss is not distinguishably worse than the best function's:
-    their seed ranges overlap its range (with one seed each, only the best itself). A function with
-    a diverged seed is never among them."""
-    rows = [
-        r for r in quality.get("rows", []) if r["val_loss"]["n"] and not r.get("diverged_seeds")
-    ]
-    if not rows:
-        return set()
-    best = min(rows, key=lambda r: r["val_loss"]["mean"])["val_loss"]
+    """The functions not detectably worse than the reference's: the reference itself and those
+    whose paired verdict against it is equivalent, better, or inconclusive with an interval (two
+    paired seeds at least: one seed says nothing). A function with a diverged seed, or a positive
+    control (another learning rate: not a technique to use), is never among them."""
+
+    def judged(r):
+        p = r.get("paired") or {}
+        return r["verdict"] in ("equivalent", "better") or (
+            r["verdict"] == "inconclusive" and p.get("lo") is not None
+        )
+
     return {
         r["function"]
-        for r in rows
-        if r["val_loss"]["mean"] == best["mean"]
-        or (r["val_loss"]["n"] > 1 and best["n"] > 1 and r["val_loss"]["min"] <= best["max"])
-    }
+        for r in quality.get("rows", [])
+        if r["val_loss"]["n"] and not r.get("diverged_seeds") and not r.get("control")
+        and (r["function"] == quality.get("reference_function") or judged(r))
+    }  # fmt: skip
 
 
 def tf32_reference(cells: list[dict], baseline: str) -> dict | None:

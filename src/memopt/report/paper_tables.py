@@ -179,8 +179,9 @@ def quality_table(ctx: dict) -> Table:
         "baseline's function),\nseed by seed (the same initialization and batches): Δ is the mean "
         "paired difference of validation loss with its\n95% interval (Student's t); *equivalent* "
         f"where the interval lies inside ±{num(q['margin'], 3)} nats (`quality.margin`), *worse* or "
-        "*better*\nwhere it lies above or below 0, else *inconclusive*; MDD is the difference "
-        "these seeds would detect with 80% power."
+        "*better*\nwhere it lies above or below 0, else *inconclusive*; MDD is roughly the "
+        "difference these seeds would detect with 80% power\n(normal-theory formula at the "
+        "observed spread: with few seeds a rough estimate)."
     )
     rows, notes = [], []
     for r in q["rows"]:
@@ -216,7 +217,8 @@ def positions_table(ctx: dict) -> Table:
     caption = (
         "validation loss by position in the sequence, per function: the mean over its seeds of "
         "each run's mean loss over\nthe tokens at those positions (every evaluated sequence), "
-        "± the mean standard error over sequences."
+        "± the mean standard error over sequences.\nEvery function is scored on the same "
+        "sequences, so the ± is not the uncertainty of a difference between two rows."
     )
     columns = ["function"] + [f"positions {b['first']:,}–{b['last']:,}" for b in buckets]
     body = [[r["function"]] + [f"{num(p['loss'], 3)} ± {num(p['se'], 3)}" for p in r["positions"]]

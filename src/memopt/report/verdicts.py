@@ -15,7 +15,7 @@ import pandas as pd
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_text
 from memopt.report.paired import paired_differences, paired_verdict
-from memopt.runtime.functions import function_of, functions, reference_technique
+from memopt.runtime.functions import function_of, functions, quality_spec, reference_technique
 
 QUALITY_COLUMNS = (
     "function seed status precision window kernel batch_size steps tokens train_s eval_s wall_s "
@@ -107,6 +107,8 @@ def quality_table(
         row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
         done = [r for r in by_function.get(row["function"], []) if r["status"] == "ok"]
         row["positions"] = _positions(done)
+    for row in rows:  # a positive control (another learning rate): a known harm to detect
+        row["control"] = quality_spec(techniques, row["function"]).get("lr_scale", 1.0) != 1.0
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
         row["delta_val_loss"] = row["verdict"] = row["paired"] = None
