@@ -53,13 +53,15 @@ def test_a_quality_run_records_loss_by_position(tiny_study):
     assert all(p["se"] > 0 for p in run["val_positions"])
 
 
-def test_the_paper_shows_each_functions_mean_over_seeds():
-    def run(function, seed, losses):
-        pos = [{"first": f, "last": last, "loss": v, "se": 0.01}
-               for (f, last), v in zip([(1, 64), (65, 1024)], losses)]  # fmt: skip
-        return {"function": function, "seed": seed, "status": "ok", "val_loss": sum(losses) / 2,
-                "val_ppl": 1.0, "kernel": "x", "tokens": 1, "val_positions": pos}  # fmt: skip
+def run(function, seed, losses):
+    """A quality run with its loss at positions 1-64 and 65-1,024."""
+    pos = [{"first": f, "last": last, "loss": v, "se": 0.01}
+           for (f, last), v in zip([(1, 64), (65, 1024)], losses)]  # fmt: skip
+    return {"function": function, "seed": seed, "status": "ok", "val_loss": sum(losses) / 2,
+            "val_ppl": 1.0, "kernel": "x", "tokens": 1, "val_positions": pos}  # fmt: skip
 
+
+def test_the_paper_shows_each_functions_mean_over_seeds():
     techniques = {"base": {"precision": "fp32", "window": None, "attention": "math"}}
     runs = [run("fp32", 1, (5.4, 5.2)), run("fp32", 2, (5.6, 5.0))]
     quality = quality_table(runs, techniques, "base")
@@ -89,3 +91,17 @@ def test_the_positions_figure_draws_each_function_or_says_why_not():
     assert list(line.get_xdata()) == [32.5, 96.5, 576.5]
     empty = positions_figure([{**runs[0], "val_positions": None}], {}).axes[0]
     assert "not recorded" in empty.texts[0].get_text()
+
+
+def test_what_a_function_gives_up_by_position_is_paired_with_the_reference():
+    techniques = {"base": {"precision": "bf16", "window": None, "attention": "flash"},
+                  "w": {"precision": "bf16", "window": 32, "attention": "flex"}}  # fmt: skip
+    runs = [run("bf16", 1, (5.4, 5.2)), run("bf16", 2, (5.6, 5.0)),
+            run("bf16_w32", 1, (5.4, 5.31)), run("bf16_w32", 2, (5.6, 5.112))]  # fmt: skip
+    quality = quality_table(runs, techniques, "base")
+    window = next(r for r in quality["rows"] if r["function"] == "bf16_w32")
+    near, far = window["position_deltas"]
+    assert near["mean"] == pytest.approx(0.0) and far["mean"] == pytest.approx(0.111)
+    assert far["lo"] > 0  # 0.110 and 0.112: the window gives up the far positions
+    table = positions_table({"quality": quality})
+    assert table.rows[-1][0] == "Δ bf16_w32" and table.rows[-1][2].startswith("0.111 [")

@@ -218,11 +218,20 @@ def positions_table(ctx: dict) -> Table:
         "validation loss by position in the sequence, per function: the mean over its seeds of "
         "each run's mean loss over\nthe tokens at those positions (every evaluated sequence), "
         "± the mean standard error over sequences.\nEvery function is scored on the same "
-        "sequences, so the ± is not the uncertainty of a difference between two rows."
+        "sequences, so the ± is not the uncertainty of a difference between two rows: the Δ rows "
+        f"give that,\nthe paired difference from `{ctx['quality']['reference_function']}` seed "
+        "by seed with its 95% interval (Student's t over the seeds)."
     )
     columns = ["function"] + [f"positions {b['first']:,}–{b['last']:,}" for b in buckets]
-    body = [[r["function"]] + [f"{num(p['loss'], 3)} ± {num(p['se'], 3)}" for p in r["positions"]]
-            for r in rows]  # fmt: skip
+    body = []
+    for r in rows:
+        body.append(
+            [r["function"]] + [f"{num(p['loss'], 3)} ± {num(p['se'], 3)}" for p in r["positions"]]
+        )
+        if r.get("position_deltas"):  # the paired difference from the reference, bucket by bucket
+            body.append([f"Δ {r['function']}"] + [
+                num(d["mean"], 3) + (f" [{num(d['lo'], 3)}, {num(d['hi'], 3)}]" if d["lo"] is not None else "")
+                for d in r["position_deltas"]])  # fmt: skip
     return Table(columns, "l" + "r" * len(buckets), body, caption, None, "positions")
 
 

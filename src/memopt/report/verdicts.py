@@ -112,6 +112,7 @@ def quality_table(
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
         row["delta_val_loss"] = row["verdict"] = row["paired"] = None
+        row["position_deltas"] = []
         if row["diverged_seeds"]:  # its finite seeds alone would flatter it: no comparison
             row["verdict"] = "diverged (seed " + ", ".join(map(str, row["diverged_seeds"])) + ")"
             continue
@@ -127,7 +128,28 @@ def quality_table(
         row["paired"] = paired_verdict(diffs, margin)
         row["delta_val_loss"] = row["paired"]["mean"]
         row["verdict"] = row["paired"]["verdict"]
+        if row["positions"] and ref["positions"]:
+            row["position_deltas"] = _position_deltas(runs, row["function"], ref_function, margin)
     return {"reference_function": ref_function, "rows": rows, "margin": margin}
+
+
+def _position_deltas(runs: list[dict], function: str, reference: str, margin: float) -> list:
+    """Per position bucket, the paired difference from the reference (seed by seed) with its 95%
+    interval: what a function gives up, or gains, at those positions."""
+
+    def by_seed(f):
+        return {r["seed"]: r["val_positions"] for r in runs
+                if r["function"] == f and r["status"] == "ok" and r.get("val_positions")}  # fmt: skip
+
+    mine, ref = by_seed(function), by_seed(reference)
+    seeds = sorted(mine.keys() & ref.keys())
+    if not seeds:
+        return []
+    return [
+        {"first": b["first"], "last": b["last"],
+         **paired_verdict([mine[s][i]["loss"] - ref[s][i]["loss"] for s in seeds], margin)}
+        for i, b in enumerate(ref[seeds[0]])
+    ]  # fmt: skip
 
 
 def _positions(runs: list[dict]) -> list[dict] | None:
