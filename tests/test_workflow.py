@@ -90,12 +90,12 @@ def test_template_edit_reruns_only_the_render(smoke):
 
 
 def test_the_equivalence_margin_reruns_only_the_paper(smoke):
-    """quality.margin judges the runs, it does not make them: no quality run reruns."""
-    assert planned(smoke[0], "--config", "quality={'margin': 0.05}") == {
-        "render": 1,
-        **PDF,
-        "all": 1,
-    }
+    """quality.margin judges the runs, it does not make them: no quality run reruns; and the
+    validation windows are the quality runs' alone: no search or cell reruns."""
+    only_paper = {"render": 1, **PDF, "all": 1}
+    assert planned(smoke[0], "--config", "quality={'margin': 0.05}") == only_paper
+    plan = planned(smoke[0], "--config", "train={'eval_sequences': 8}")
+    assert "quality" in plan and not {"search", "cell"} & set(plan), plan
 
 
 def test_paper_code_edit_does_not_retrain(smoke):

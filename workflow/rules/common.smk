@@ -103,9 +103,16 @@ def code(script):
     return code_inputs(ROOT / "workflow" / "scripts" / f"{script}.py")
 
 
+def without_eval(study):
+    """The study as a timing job sees it: the train keys only quality runs read (their validation
+    windows) left out, so that changing them reruns no search or cell."""
+    train = {k: v for k, v in study["train"].items() if k not in ("eval_sequences", "eval_batch_size")}
+    return {**study, "train": train}
+
+
 def point_params(keys):
     """A map point's job sees the study with the point's model in place of the study's."""
-    return lambda w: Params({k: point_study(STUDY, w.point)[k] for k in keys})
+    return lambda w: Params({k: without_eval(point_study(STUDY, w.point))[k] for k in keys})
 
 
 def technique_spec(w):
@@ -119,8 +126,10 @@ TECHNIQUE_RESOURCES = TRAIN_RESOURCES | {
     "gpu": lambda w: STUDY["techniques"][w.technique]["gpus"]
 }
 TRAIN_KEYS = ("device", "model", "train", "measure", "search", "baseline")
-TRAIN_PARAMS = Params({k: STUDY[k] for k in TRAIN_KEYS})
-SEARCH_PARAMS = Params({k: STUDY[k] for k in TRAIN_KEYS} | {"exactness": STUDY["exactness"]})
+TRAIN_PARAMS = Params({k: without_eval(STUDY)[k] for k in TRAIN_KEYS})
+SEARCH_PARAMS = Params(
+    {k: without_eval(STUDY)[k] for k in TRAIN_KEYS} | {"exactness": STUDY["exactness"]}
+)
 QUALITY_PARAMS = Params(  # quality.margin is the paper's, not the runs': changing it reruns none
     {k: STUDY[k] for k in ("device", "model", "train", "measure", "search")}
     | {"quality": {k: v for k, v in STUDY["quality"].items() if k != "margin"}}
