@@ -18,7 +18,7 @@ def test_figures_exist_as_pdf_and_png(tmp_path):
     )
     names = sorted(p.name for p in paths)
     expected = sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in ("pdf", "png"))
-    assert len(expected) == 2 * 10
+    assert len(expected) == 2 * 11
     assert names == expected
     for path in paths:
         head = path.read_bytes()[:8]
