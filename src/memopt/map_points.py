@@ -27,3 +27,9 @@ def point_models(cfg: dict) -> dict[str, str]:
     """{point name: the name of its model in map.models}."""
     plan = cfg.get("map") or {"models": {}, "seq_lens": []}
     return {f"{name}_{n}": name for name in plan["models"] for n in plan["seq_lens"]}
+
+
+def map_reference(cfg: dict) -> str:
+    """The technique the map's findings compare every other with: `map.reference`, else the
+    study's baseline."""
+    return (cfg["map"] or {}).get("reference") or cfg["baseline"]

@@ -10,10 +10,11 @@ from memopt.run.closure import code_inputs, jobs_import_from
 
 jobs_import_from(Path(workflow.basedir) / "src")
 from memopt.config import Params, empty_overrides, validate_config
-from memopt.map_points import map_points, point_models, point_study
+from memopt.map_points import map_points, map_reference, point_models, point_study
 from memopt.errors import ConfigError
 from memopt.runtime.functions import functions, quality_spec
 from memopt.report.paper_format import tex_engine
+from memopt.report.map_results import MAP_FIGURE_NAMES
 from memopt.report.results import FIGURE_NAMES
 from memopt.report.stages import RULE_STAGES
 from memopt.run.study_run import check_device_here, check_folder, claim_folder
@@ -82,12 +83,8 @@ MAP_SEARCHES = expand(
 MAP_CELLS = expand(
     "results/map/{point}/cells/{technique}/max.json", point=list(MAP_POINTS), technique=TECHNIQUES
 )
-MAP_REFERENCE = (STUDY["map"] or {}).get("reference") or STUDY["baseline"]
-MAP_FIGURES = expand(
-    "paper/figures/{name}.{ext}",
-    name=["map_tokens_by_size", "map_tokens_by_length", "map_memory_shares"],
-    ext=["pdf", "png"],
-)
+MAP_REFERENCE = map_reference(STUDY)
+MAP_FIGURES = expand("paper/figures/{name}.{ext}", name=MAP_FIGURE_NAMES, ext=["pdf", "png"])
 PAPER_FIGURES = MAP_FIGURES if MAP_POINTS else FIGURES  # the figures the study's paper shows
 CONDA_ENV = "../../envs/memopt.yaml"  # `--use-conda` runs every rule in it (relative to rules/)
 
@@ -126,10 +123,9 @@ TECHNIQUE_RESOURCES = TRAIN_RESOURCES | {
     "gpu": lambda w: STUDY["techniques"][w.technique]["gpus"]
 }
 TRAIN_KEYS = ("device", "model", "train", "measure", "search", "baseline")
-TRAIN_PARAMS = Params({k: without_eval(STUDY)[k] for k in TRAIN_KEYS})
-SEARCH_PARAMS = Params(
-    {k: without_eval(STUDY)[k] for k in TRAIN_KEYS} | {"exactness": STUDY["exactness"]}
-)
+TIMING_STUDY = without_eval(STUDY)
+TRAIN_PARAMS = Params({k: TIMING_STUDY[k] for k in TRAIN_KEYS})
+SEARCH_PARAMS = Params({k: TIMING_STUDY[k] for k in TRAIN_KEYS} | {"exactness": STUDY["exactness"]})
 QUALITY_PARAMS = Params(  # quality.margin is the paper's, not the runs': changing it reruns none
     {k: STUDY[k] for k in ("device", "model", "train", "measure", "search")}
     | {"quality": {k: v for k, v in STUDY["quality"].items() if k != "margin"}}

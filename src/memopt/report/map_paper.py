@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memopt.map_points import map_points, point_models
+from memopt.map_points import map_points, map_reference, point_models
 from memopt.report import tables
-from memopt.report.map_results import BREAKDOWN
-from memopt.report.paper import PROVENANCE_KEYS, _render, figure_paths
+from memopt.report.map_results import BREAKDOWN, MAP_FIGURE_NAMES
+from memopt.report.paper import PROVENANCE_KEYS, _clean, _render, figure_paths
 from memopt.report.paper_format import config_yaml, make_environment, num, pct
 from memopt.report.paper_prose import render_prose
 from memopt.report.results import read_json, write_text
 from memopt.report.tables import Table
 from memopt.runtime.flops import param_count
 
-MAP_FIGURES = ("map_tokens_by_size", "map_tokens_by_length", "map_memory_shares")
 SECTIONS = ("title", "abstract", "introduction", "findings", "limitations", "conclusion")
 KNOB_DEFAULTS = {"precision": None, "attention": None, "window": None, "checkpointing": "none",
                  "loss": "standard", "offload": "none", "compile": False, "optimizer": "adamw"}  # fmt: skip
@@ -36,14 +35,6 @@ def listed(items) -> str:
     """'a', 'a and b', 'a, b and c'."""
     items = [str(i) for i in items]
     return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _clean(value):
-    import math
-
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value.item() if hasattr(value, "item") else value
 
 
 def _models(config: dict, vocab: int) -> list[dict]:
@@ -64,12 +55,12 @@ def _groups(found: list[dict], axis: str) -> list[dict]:
             continue
         g = groups.setdefault(f["from"], {"from": f["from"], "at": [], "ratios": []})
         g["at"].append(f["at"])
-        if f["ratio"] is not None:
+        if f["ratio"] is not None:  # None: the reference fits no batch there
             g["ratios"].append(f["ratio"])
     out = sorted(groups.values(), key=lambda g: (g["from"] is None, g["from"] or 0))
     for g in out:
-        finite = [r for r in g.pop("ratios") if r is not None]
-        g["ratio_min"], g["ratio_max"] = (min(finite), max(finite)) if finite else (None, None)
+        ratios = g.pop("ratios")
+        g["ratio_min"], g["ratio_max"] = (min(ratios), max(ratios)) if ratios else (None, None)
     return out
 
 
@@ -256,7 +247,7 @@ def render_map_paper(table_csv, findings_json, search_paths, corpus_stats, token
             table=tables.latex if latex else tables.markdown, span=span, listed=listed
         )
         text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
-        figures = figure_paths(figures_dir, out, ext, MAP_FIGURES)
+        figures = figure_paths(figures_dir, out, ext, MAP_FIGURE_NAMES)
         texts[Path(out)] = _render(env, template, {**ctx, "figures": figures, "prose": text})
     for out, text in texts.items():
         write_text(out, text)
@@ -269,10 +260,9 @@ def map_paper_from_results(study: dict, results: Path, data: Path, out: Path, te
     import os
 
     from memopt.errors import MemoptError
-    from memopt.fileio import write_json
     from memopt.report.figures_style import render_all
     from memopt.report.map_figures import builders
-    from memopt.report.map_results import map_findings, map_table
+    from memopt.report.map_results import aggregate_map
 
     points, names = map_points(study), point_models(study)
     searches = [
@@ -286,10 +276,8 @@ def map_paper_from_results(study: dict, results: Path, data: Path, out: Path, te
         raise MemoptError(f"{len(missing)} map result(s) missing under {results}: "
                           + ", ".join(missing[:5]) + " (is --config the map study's config?)")  # fmt: skip
     vocab = read_json(data / "tokens" / "meta.json")["vocab_size"]
-    table = map_table(points, names, list(study["techniques"]), vocab, results)
-    table.to_csv(results / "map.csv", index=False)
-    reference = study["map"].get("reference") or study["baseline"]
-    write_json(results / "map_findings.json", map_findings(table, reference))
+    reference = map_reference(study)
+    table = aggregate_map(points, names, list(study["techniques"]), vocab, results, reference)
     render_all(builders(table, reference), out / "figures", processes=os.cpu_count() or 1)
     render_map_paper(results / "map.csv", results / "map_findings.json", searches,
                      data / "corpus" / "stats.json", data / "tokens" / "meta.json", study,

@@ -13,6 +13,9 @@ from memopt.fileio import read_json
 from memopt.runtime.flops import param_count
 
 PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
+# The map's figures (memopt.report.map_figures draws each as .pdf and .png; the workflow and the
+# map paper name them from here).
+MAP_FIGURE_NAMES = ("map_tokens_by_size", "map_tokens_by_length", "map_memory_shares")
 BREAKDOWN = ("weights", "gradients", "optimizer_state", "activations", "logits")
 MAP_COLUMNS = (
     ["point", "model", "arch", "params", "seq_len", "technique", "search_status", "limit",
@@ -107,6 +110,18 @@ def starts_to_pay(table, technique: str, reference: str) -> list[dict]:
             out.append({"axis": axis, "at": at, "from": start, "ratios": ratios,
                         "ratio": None if start is None else ratios[start]})  # fmt: skip
     return out
+
+
+def aggregate_map(points: dict, models: dict, techniques: list, vocab: int, results: Path,
+                  reference: str):  # fmt: skip
+    """The map's table -> results/map.csv and its findings -> results/map_findings.json (under
+    `results`); the table (a DataFrame)."""
+    from memopt.fileio import write_json
+
+    table = map_table(points, models, techniques, vocab, results)
+    table.to_csv(results / "map.csv", index=False)
+    write_json(results / "map_findings.json", map_findings(table, reference))
+    return table
 
 
 def map_findings(table, reference: str) -> dict:
