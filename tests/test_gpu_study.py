@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import DATASET
 from smoke_workflow import ROOT, snakemake, workdir
 
@@ -66,3 +68,25 @@ def test_study_resumes_on_another_machine(mirror, tmp_path):  # noqa: F811
     assert (b / "paper/paper.md").exists()
     corpus = "corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '%s'}" % DATASET
     assert "Nothing to be done" in snakemake(b, "-n", "--config", corpus).stdout
+
+
+def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F811
+    """STUDY_GPUS=2: one Snakemake per GPU (CUDA_VISIBLE_DEVICES), each point claimed by one."""
+    wd = workdir(
+        tmp_path, {"source": "mirror", "mirror": ".corpus", "dataset": DATASET}, ["baseline"]
+    )
+    study = yaml.safe_load((wd / "study.yaml").read_text())
+    study["map"] = {"models": {"a": {}, "b": {"arch": "llama", "n_kv_heads": 2}}, "seq_lens": [32]}
+    study["batch_sizes"] = ["max"]
+    (wd / "study.yaml").write_text(yaml.safe_dump(study))
+    shutil.copytree(ROOT / "tools", wd / "tools")
+    shutil.copytree(mirror.path, wd / ".corpus")
+    gpu_study(wd, "start", "1000", STUDY_GPUS="2")
+    log = gpu_study(wd, "wait", "600")
+    assert "== piece finished" in log and "FAILED" not in log, log
+    runs = re.findall(r"== gpu (\d): point:(\S+) \(", log)
+    assert sorted(point for _, point in runs) == ["a_32", "b_32"], log  # each point once
+    for gpu, point in runs:  # its searches and cell in that GPU's Snakemake
+        own = (wd / f"logs/study-run-gpu{gpu}.log").read_text()
+        assert f"results/map/{point}/cells/baseline/max.json" in own
+        assert (wd / f"results/map/{point}/cells/baseline/max.json").exists()

@@ -2,6 +2,7 @@
 adapters (with stand-ins for their packages), and the refusal of every impossible combination
 before any training."""
 
+import os
 import sys
 import types
 
@@ -115,6 +116,16 @@ def test_offloading_past_the_host_budget_is_out_of_memory():
             for _ in range(5):
                 y = y.sin()  # each saves its input
     assert stats.tensors == 3
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 4])
+def test_the_host_budget_is_shared_by_the_hosts_gpus(monkeypatch, gpus):
+    """Jobs on every GPU of a host at once may pin HOST_FRACTION of its memory in all."""
+    from memopt.runtime import lease
+
+    monkeypatch.setattr(lease, "nvidia_smi", lambda query: [str(i) for i in range(gpus)])
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert offload.host_budget_bytes() == int(offload.HOST_FRACTION * physical) // max(1, gpus)
 
 
 def train(knobs: dict, steps: int = 3, n: int = 6):

@@ -27,7 +27,10 @@
 # STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONLY (an extended regex) only the targets
 # it matches (e.g. 'point:llama_1b_16384'); STUDY_ONE_CALL=1 runs them all in one Snakemake
 # call (no deadline: one machine for the whole study, no DAG rebuilt per target).
-# STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU).
+# STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU);
+# a map study on N GPUs runs one Snakemake per GPU (CUDA_VISIBLE_DEVICES): each takes the largest
+# unclaimed point whose estimate still fits, so every point's searches and cells run on one GPU
+# (logs/study-run-gpuG.log; the host's pinned memory is shared: memopt.runtime.offload).
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -130,6 +133,31 @@ run_targets() {  # the background job: each target while its estimate fits befor
   echo "== piece finished at $(date -u +%T) after $(( SECONDS - t0 )) s"
 }
 
+run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points from one queue
+  local deadline=$1 t0 claims entries
+  t0=$(date +%s) claims=$(mktemp -d)
+  mapfile -t entries < <(printf '%s\n' "${TARGETS[@]}" | grep '^point:' | sort -k2,2nr)
+  for ((g = 0; g < STUDY_GPUS; g++)); do
+    (
+      export CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1
+      for entry in "${entries[@]}"; do
+        read -r target est <<< "$entry"
+        [[ -z "${STUDY_ONLY:-}" || "$target" =~ $STUDY_ONLY ]] || continue
+        left=$(( deadline - ($(date +%s) - t0) ))
+        [ "$est" -le "$left" ] || continue  # a smaller point may still fit
+        mkdir "$claims/${target#point:}" 2>/dev/null || continue  # another GPU's
+        files=$(target_files "$target")
+        smk -n $files 2>&1 | grep -q "Nothing to be done" && continue
+        echo "== gpu $g: $target (estimate ${est}s, ${left}s left) at $(date -u +%T)"
+        smk $files >> "logs/study-run-gpu$g.log" 2>&1 || echo "== gpu $g: $target FAILED"
+        echo "== gpu $g: $target ended at $(date -u +%T)"
+      done
+    ) &
+  done
+  wait
+  echo "== piece finished at $(date -u +%T) after $(( $(date +%s) - t0 )) s"
+}
+
 case ${1:-} in
   start)
     setup
@@ -159,8 +187,10 @@ case ${1:-} in
     fi
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
+    run=run_targets
+    [ "${STUDY_GPUS:-1}" -gt 1 ] && [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets); run_targets $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets run_pinned); $run $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
@@ -172,6 +202,9 @@ case ${1:-} in
       sleep 10
     done
     awk '/^== piece start/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RUNLOG" | grep -E "^== |steps \(|Error|error" | tail -40
+    for log in logs/study-run-gpu*.log; do  # a map study on several GPUs: each GPU's Snakemake
+      [ -f "$log" ] && echo "$log: $(grep -c "steps (100%)" "$log") points done; $(grep -ciE "^(Error|.*Exception)" "$log") errors"
+    done
     echo "cells done: $(find results/cells results/map -path '*cells*' -name '*.json' 2>/dev/null | wc -l)," \
       "quality runs done: $(find results/quality -name '*.json' 2>/dev/null | wc -l)"
     ;;

@@ -15,7 +15,9 @@ the backward pass stays on the GPU for the short time it is needed. The copies a
 gradients are identical to those without offloading.
 
 Pinned host memory is finite, and exhausting it can stall the whole machine: what one forward
-pass offloads may take at most HOST_FRACTION of the host's physical memory. Beyond that the pass
+pass offloads may take at most HOST_FRACTION of the host's physical memory, shared equally by the
+host's GPUs (nvidia-smi's count: jobs on every GPU at once, one per GPU, stay within it; a 4-GPU
+host of 512 GiB gives each 64 GiB, as a 1-GPU host of 128 GiB does). Beyond that the pass
 stops with torch.OutOfMemoryError naming host memory, so a batch-size search treats it as "does
 not fit" (the technique's limit is then the host's, which the error says). The budget is per
 process, and pinned buffers come in pieces of PIECE_BYTES (torch's pinned allocator rounds a
@@ -33,12 +35,15 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 from memopt.errors import KernelUnavailable
+from memopt.runtime import lease
 
 HOST_FRACTION = 0.5
 
 
 def host_budget_bytes() -> int:
-    return int(HOST_FRACTION * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    """This process's share of pinned host memory: HOST_FRACTION of it over the host's GPUs."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(HOST_FRACTION * physical) // max(1, len(lease.nvidia_smi("index")))
 
 
 class OffloadedBytes:
@@ -98,7 +103,7 @@ def _to_host(flat: torch.Tensor, stats: OffloadedBytes) -> list[torch.Tensor]:
             raise torch.OutOfMemoryError(
                 f"offload: activations: host memory for offloaded activations is out of memory "
                 f"(this forward pass would hold more than {stats.budget / 2**30:.1f} GiB, "
-                f"{HOST_FRACTION:.0%} of the host's memory, in pinned buffers)"
+                f"this process's share of {HOST_FRACTION:.0%} of the host's memory, in pinned buffers)"
             )
         try:
             host = torch.empty(chunk.numel(), dtype=chunk.dtype, pin_memory=pinned)
