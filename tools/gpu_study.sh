@@ -53,9 +53,12 @@ default = sys.argv[1] == "config.yaml"
 if c["map"]:  # a map study: one target per point (its searches and cells on one machine)
     from memopt.map_points import map_points
     from memopt.runtime.flops import param_count
-    for point, model in map_points(c).items():  # H100 seconds, generous (20 s on a CPU): a 1B
-        size = 1 + param_count(model, c["tokenizer"]["vocab_size"]) / 1e9  # model at 16,384
-        print(f"point:{point}", 20 if c["device"] != "cuda" else int((360 + model["seq_len"] // 64) * size))
+    for point, model in map_points(c).items():  # H100 seconds (20 s on a CPU), from the first
+        # piece (dc4e5f7): 942-1,218 s for the 1B model's points, 1,041 s for 360M at 16,384,
+        # over 660 s for 128M at 4,096 (ckpt_offload's search and cell take about half)
+        billions = param_count(model, c["tokenizer"]["vocab_size"]) / 1e9
+        est = int(900 + 300 * billions + model["seq_len"] // 64) if c["device"] == "cuda" else 20
+        print(f"point:{point}", est)
     print("results/map.csv 20")
     sys.exit()
 print("searches", 360 if default else 20)

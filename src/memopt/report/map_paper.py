@@ -207,9 +207,13 @@ def map_tables(ctx: dict) -> dict[str, Table]:
         return f"{num(r['tokens_per_s'] / 1000, 1)}k ({pct(r['mfu'], 0)})"
 
     def per_token(r):
-        return "OOM" if r["per_token_mib"] is None else num(r["per_token_mib"] * 1024, 1)
+        if r["per_token_mib"] is None:  # no fit: batch 1 does not fit, or only one batch did
+            return "OOM" if r["search_status"] == "none_fits" else "-"
+        return num(r["per_token_mib"] * 1024, 1)
 
-    budget = ", ".join(num(b) for b in ctx["searches"]["budgets_mib"]) or "n/a"
+    budgets = ctx["searches"]["budgets_mib"] or [None]  # sorted: the smallest to the largest
+    lo, hi = (num(b) if b else "n/a" for b in (budgets[0], budgets[-1]))
+    budget = lo if lo == hi else f"{lo} to {hi}"
     return {
         "models": models,
         "techniques": knobs,
@@ -223,7 +227,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
         "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: thousand tokens/s, "
                            "model FLOPs utilization in brackets.", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
-                               "linear fit of peak memory against batch, over the length.", 4, "per-token"),
+                               "linear fit of peak memory against batch, over the length; -: fewer than two batches "
+                               "fit, so no slope.", 4, "per-token"),
     }  # fmt: skip
 
 
