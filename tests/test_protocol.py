@@ -319,3 +319,51 @@ def test_exactness_gives_another_function_of_one_precision_for_scale():
     # fp32's reference has no other fp32 function to be compared with
     alone = exactness([_record("baseline", ref), _record("bf16", ref)], techniques, tol)
     assert alone["controls"] == []
+
+
+def test_the_noise_floor_sets_the_tolerance():
+    """Synthetic: the reference's run against its second kernel differs by at most 0.004, so with
+    floor_factor 2 a technique 0.006 away passes and one 0.01 away fails, although both are
+    within bf16's 0.05; without a floor (none recorded) the precision's tolerance applies."""
+    ref = [7.0 - 0.1 * i for i in range(10)]
+    floor = {"kernel": "math", "losses": [v + 0.004 * (i % 2) for i, v in enumerate(ref)]}
+    records = [
+        {**_record("bf16", ref), "floor": floor},
+        _record("flash", [v + 0.006 for v in ref]),
+        _record("flash_gradcp", [v - 0.01 for v in ref]),
+    ]
+    tol = {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}
+    rows = {r["technique"]: r for r in exactness(records, TECHNIQUES, tol, 2.0)["rows"]}
+    assert rows["flash"]["ok"] and rows["flash"]["tolerance"] == pytest.approx(0.008)
+    assert rows["flash_gradcp"]["ok"] is False and rows["flash"]["tolerance_from"] == "floor"
+    assert rows["flash"]["floor"] == pytest.approx(0.004)
+    records[0] = _record("bf16", ref)  # no floor run: bf16's 0.05, said so
+    rows = {r["technique"]: r for r in exactness(records, TECHNIQUES, tol, 2.0)["rows"]}
+    assert rows["flash_gradcp"]["ok"] and rows["flash_gradcp"]["tolerance_from"] == "precision"
+
+
+def test_the_noise_floor_tells_two_functions_apart(tiny_study):
+    """Real CPU runs: a tolerance loose enough that a 4-token window passes for full attention
+    (the issue: local128 against flash within bf16's 0.05); the measured floor (the explicit
+    kernel against PyTorch's flash kernel) tells them apart and still passes checkpointing."""
+    from memopt.jobs.quality import add_floor, run_exactness
+
+    cfg, data = tiny_study
+    techniques = {
+        "plain": _filled(TECHNIQUES["baseline"]),
+        "ckpt": _filled(TECHNIQUES["gradcp"]),
+        "window": _filled({**TECHNIQUES["baseline"], "window": 4}),
+    }
+    tol = {"fp32": 10.0, "tf32": 0.02, "bf16": 0.05}  # a round number, far too loose
+    cfg = {**cfg, "techniques": techniques, "exactness": {"steps": 6, "batch": 2, "tolerance": tol}}
+    plain = add_floor(cfg, run_exactness(cfg, "plain", data, "cpu"), data, "cpu")
+    assert plain["floor"]["kernel"] == "flash" and plain["floor"]["against"] == "math"
+    window = add_floor(cfg, run_exactness(cfg, "window", data, "cpu"), data, "cpu")
+    assert window["floor"] == {"kernel": None, "reason": "no second exact kernel on cpu"}
+    records = [plain, run_exactness(cfg, "ckpt", data, "cpu"), window]
+    loose = exactness(records, techniques, tol)
+    assert loose["holds"] and loose["controls"][0]["within"]  # cannot tell them apart
+    check = exactness(records, techniques, tol, 2.0)
+    assert check["holds"], check["rows"]  # checkpointing: the same function
+    (control,) = check["controls"]
+    assert control["against"] == "plain" and not control["within"], control

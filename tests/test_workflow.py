@@ -94,6 +94,10 @@ def test_the_equivalence_margin_reruns_only_the_paper(smoke):
     validation windows are the quality runs' alone: no search or cell reruns."""
     only_paper = {"render": 1, **PDF, "all": 1}
     assert planned(smoke[0], "--config", "quality={'margin': 0.05}") == only_paper
+    # exactness.floor_factor too; a measured floor (floor: kernel) means new exactness runs.
+    assert planned(smoke[0], "--config", "exactness={'floor_factor': 3}") == only_paper
+    plan = planned(smoke[0], "--config", "exactness={'floor': 'kernel'}")
+    assert plan["search"] >= 1 and "quality" not in plan, plan
     plan = planned(smoke[0], "--config", "train={'eval_sequences': 6}")  # the study's: 8
     assert "quality" in plan and not {"search", "cell"} & set(plan), plan
 

@@ -2,7 +2,8 @@
 # GPU verification: the GPU test suite (tests; GPU_TESTS picks files and -k), the technique
 # benchmark of the default model (bench; BENCH_ARGS picks techniques and batches, default: all at
 # batch 16), the batch-size search benchmark and checks (search), the smoke study end to end on
-# CUDA through Snakemake (smoke).
+# CUDA through Snakemake (smoke); on request only, the exactness noise floor (floor:
+# tools/bench_floor.py on the default study's data, for exactness.floor_factor).
 # Everything worth keeping goes under $OUT (the device tool brings it back).
 #
 # On the device machine (see the device tool's README), from the repository root:
@@ -39,6 +40,14 @@ if [[ " $stages " == *" search "* ]]; then
   # SEARCH_ARGS, e.g. "--fit offload --bisect --check offload" (default: every technique)
   python3 tools/bench_search.py --out "$OUT/search" ${SEARCH_ARGS:-} 2>&1 | tee "$OUT/search.txt"
   tar czf "$OUT/search.tar.gz" -C "$OUT" search && rm -rf "$OUT/search"
+fi
+if [[ " $stages " == *" floor "* ]]; then  # not in the default list: bash tools/gpu_check.sh floor
+  echo "== exactness noise floor: the default study's data (.corpus: eltec_pol_corpus), config.yaml"
+  python3 -m snakemake --cores all data/tokens/meta.json \
+    --config "corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': 'eltec_pol_corpus'}" \
+    > "$OUT/floor-data.log" 2>&1 || { tail -20 "$OUT/floor-data.log"; exit 1; }
+  # FLOOR_ARGS, e.g. "--only flash compiled local128 --factors 2 3"
+  python3 tools/bench_floor.py --out "$OUT/floor.json" ${FLOOR_ARGS:-} 2>&1 | grep -v "step/s" | tee "$OUT/floor.txt"
 fi
 [[ " $stages " == *" smoke "* ]] || exit 0
 echo "== smoke study on CUDA (its profile: runs/smoke/)"

@@ -14,7 +14,7 @@ rule search:
         TOKENS,
         code=code("search"),
     params:
-        study=SEARCH_PARAMS,
+        study=search_params,
         spec=technique_spec,
     resources:
         **TECHNIQUE_RESOURCES,

@@ -12,10 +12,11 @@ from memopt.data.tokens import TokenData
 from memopt.errors import MemoptError
 from memopt.fileio import ensure_writable
 from memopt.jobs.cell import run_cell
-from memopt.jobs.quality import run_exactness, run_quality
+from memopt.jobs.quality import add_floor, run_exactness, run_quality
 from memopt.jobs.search import search_max_batch
 from memopt.report.results import alias_cell, read_json, write_json
 from memopt.runtime import parallel
+from memopt.runtime.functions import reference_technique
 from memopt.runtime.techniques import resolve_device
 
 
@@ -67,6 +68,12 @@ def search_file(
     data = TokenData(Path(tokens_dir))
     if exactness_out is not None:  # (kept across a parallel search's launches)
         exact = parallel.saved("exactness") or run_exactness(cfg, technique, data, device)
+        if (
+            cfg["exactness"].get("floor") == "kernel"
+            and "floor" not in exact
+            and (reference_technique(cfg["techniques"], technique) == technique)
+        ):
+            exact = add_floor(cfg, exact, data, device)
         parallel.save("exactness", exact)
         first, last = (
             "non-finite" if x is None else f"{x:.4f}"

@@ -22,7 +22,7 @@ from memopt.config import technique_spec
 from memopt.data.tokens import TokenData, eval_sequences
 from memopt.jobs.outcome import guarded, stamp
 from memopt.runtime import parallel
-from memopt.runtime.attention import math_attention
+from memopt.runtime.attention import math_attention, resolve_kernel, second_kernel
 from memopt.runtime.divergence import Diverged, LossWatch
 from memopt.runtime.functions import function_of, quality_spec
 from memopt.runtime.measure import device_name
@@ -183,10 +183,13 @@ def _quality_run(cfg, spec, function, seed, data: TokenData, device: str, budget
     }
 
 
-def run_exactness(cfg: dict, technique: str, data: TokenData, device: str) -> dict:
+def run_exactness(
+    cfg: dict, technique: str, data: TokenData, device: str, attention: str | None = None
+) -> dict:
     """`exactness.steps` training steps of `technique` at `exactness.batch` from train.seed: the
-    loss trajectory its function's reference must match."""
-    spec = technique_spec(cfg, technique)
+    loss trajectory its function's reference must match (`attention`: another kernel instead of
+    the technique's, for the function's noise floor)."""
+    spec = technique_spec(cfg, technique) | ({"attention": attention} if attention else {})
     e = cfg["exactness"]
     limit_gpu_memory(cfg, device)
     applied, opt, batches = prepare(cfg, spec, data, e["batch"], device, cfg["train"]["seed"])
@@ -205,3 +208,19 @@ def run_exactness(cfg: dict, technique: str, data: TokenData, device: str) -> di
         "seconds": seconds,
     }
     return stamp(result, cfg, spec, device, ("model", "train", "exactness"))
+
+
+def add_floor(cfg: dict, exact: dict, data: TokenData, device: str) -> dict:
+    """exactness.floor `kernel`: the reference's exactness run again with another exact kernel of
+    its function (same initialization, batches and dropout masks: no attention dropout), under
+    exact["floor"]; the largest per-step difference of the two is the function's noise floor
+    (memopt.report.verdicts.exactness). Where the device has no second kernel, the reason."""
+    spec = exact["spec"]
+    kernel = resolve_kernel(spec["attention"], spec["window"], device, spec["precision"])
+    other = second_kernel(kernel, spec["window"], device)
+    if other is None:
+        exact["floor"] = {"kernel": None, "reason": f"no second exact kernel on {device}"}
+        return exact
+    run = run_exactness(cfg, exact["technique"], data, device, attention=other)
+    exact["floor"] = {"kernel": other, "against": kernel, "losses": run["losses"]}
+    return exact

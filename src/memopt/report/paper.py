@@ -243,6 +243,9 @@ def build_context(
         [read_json(Path(p)) for p in exactness_paths],
         config["techniques"],
         config["exactness"]["tolerance"],
+        config["exactness"].get("floor_factor")
+        if config["exactness"].get("floor") == "kernel"
+        else None,
     )
     return {
         "cells": cells,

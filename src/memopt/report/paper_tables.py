@@ -271,11 +271,20 @@ def exactness_table(ctx: dict) -> Table:
         "largest per-step difference of the training loss must be within the tolerance of its "
         f"precision.\n{verdict}"
     )
+    floors = {r["reference"]: r for r in e["rows"] if r["tolerance_from"] == "floor"}
+    if floors:
+        caption = caption.replace(
+            "the tolerance of its precision",
+            f"its tolerance: {num(e['floor_factor'], 1)}× its function's noise floor, the largest "
+            "difference between the\nreference's run and the same run with a second exact "
+            "attention kernel (the precision's tolerance where none ran)",
+        )
     rows = [
         [r["technique"], r["function"], "(itself)", "–", "–", "–", "reference"]
         if r["ok"] is None
         else [r["technique"], r["function"], r["reference"], num(r["max_abs_diff"], 4),
-              num(r["final_diff"], 4), r["tolerance"], "yes" if r["ok"] else "**no**"]
+              num(r["final_diff"], 4), num(r["tolerance"], 4) if r["tolerance_from"] == "floor"
+              else r["tolerance"], "yes" if r["ok"] else "**no**"]
         for r in e["rows"]
     ]  # fmt: skip
     notes = []
@@ -293,6 +302,10 @@ def exactness_table(ctx: dict) -> Table:
                 "its reference, but it cannot by itself tell another function from the same one."
             )
         notes.append(note)
+    if floors:
+        notes.append("Noise floors: " + ", ".join(
+            f"`{ref}` {num(r['floor'], 4)} ({r['floor_kernels']} against its own kernel)"
+            for ref, r in floors.items()) + ".")  # fmt: skip
     columns = ["technique", "function", "reference", "max abs Δ loss", "Δ final loss",
                "tolerance", "within tolerance"]  # fmt: skip
     return Table(columns, "lllrrrl", rows, caption, 5, "exactness", notes, layout="shrink")

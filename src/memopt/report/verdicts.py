@@ -175,10 +175,30 @@ def _diff(a: float | None, b: float | None, signed: bool = False) -> float:
     return a - b if signed else abs(a - b)
 
 
-def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict) -> dict:
+# The smallest tolerance a measured floor gives: float32's resolution at a loss of ~10 nats.
+FLOOR_MIN = 1e-6
+
+
+def noise_floor(record: dict | None) -> float | None:
+    """A reference's noise floor (exactness.floor kernel): the largest per-step difference between
+    its exactness run and the same run with a second exact kernel; None where it has none."""
+    floor = (record or {}).get("floor") or {}
+    if not floor.get("losses") or len(floor["losses"]) != len(record["losses"]):
+        return None
+    return max(_diff(a, b) for a, b in zip(record["losses"], floor["losses"]))
+
+
+def exactness(
+    records: list[dict],
+    techniques: dict[str, dict],
+    tolerance: dict,
+    floor_factor: float | None = None,
+) -> dict:
     """Each technique's loss trajectory against its function's reference's (same batch, steps,
-    initialization and batches): the largest per-step difference must be within the tolerance of
-    the precision. A technique that is its own reference is listed as such."""
+    initialization and batches): the largest per-step difference must be within the tolerance:
+    with floor_factor, floor_factor times the reference's measured noise floor where it has one
+    (exactness.floor kernel), else the tolerance of the precision. A technique that is its own
+    reference is listed as such."""
     by_name = {r["technique"]: r for r in records}
     rows = []
     for name in techniques:
@@ -186,12 +206,18 @@ def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict)
             continue
         ref = reference_technique(techniques, name)
         mine, theirs = by_name[name]["losses"], by_name.get(ref, {}).get("losses")
+        floor = noise_floor(by_name.get(ref)) if floor_factor else None
         tol = tolerance[techniques[name]["precision"]]
+        if floor is not None:
+            tol = max(floor_factor * floor, FLOOR_MIN)
         row = {
             "technique": name,
             "function": function_of(techniques[name]),
             "reference": ref,
             "tolerance": tol,
+            "tolerance_from": "precision" if floor is None else "floor",
+            "floor": floor,
+            "floor_kernels": (by_name.get(ref, {}).get("floor") or {}).get("kernel"),
             "steps": len(mine),
             "max_abs_diff": None,
             "final_diff": None,
@@ -219,6 +245,7 @@ def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict)
         "rows": rows,
         "batch_size": first["batch_size"] if first else None,
         "steps": first["steps"] if first else None,
+        "floor_factor": floor_factor,
         "holds": all(r["ok"] for r in checked),
         "failed": [r["technique"] for r in checked if not r["ok"]],
     }
@@ -226,8 +253,9 @@ def exactness(records: list[dict], techniques: dict[str, dict], tolerance: dict)
 
 def _controls(rows: list[dict], by_name: dict, techniques: dict) -> list[dict]:
     """For scale: each function's reference against the first reference of another function in
-    the same precision (same initialization and batches). Where such a pair stays within the
-    tolerance, the check cannot tell another function from the same one at this length."""
+    the same precision (same initialization and batches), within that one's tolerance (as if it
+    claimed to be its function). Where such a pair stays within it, the check cannot tell another
+    function from the same one at this length."""
     refs = [r for r in rows if r["ok"] is None]
     precision = {r["technique"]: techniques[r["technique"]]["precision"] for r in refs}
     out = []
@@ -249,7 +277,7 @@ def _controls(rows: list[dict], by_name: dict, techniques: dict) -> list[dict]:
         diff = max(_diff(a, b) for a, b in zip(mine, theirs))
         out.append(
             {"technique": r["technique"], "against": other["technique"], "max_abs_diff": diff,
-             "tolerance": r["tolerance"], "within": diff <= r["tolerance"]}
+             "tolerance": other["tolerance"], "within": diff <= other["tolerance"]}
         )  # fmt: skip
     return out
 

@@ -226,6 +226,17 @@ def resolve_kernel(requested: str, window: int | None, device: str, precision: s
     return requested
 
 
+def second_kernel(kernel: str, window: int | None, device: str) -> str | None:
+    """Another exact kernel of the same attention (for exactness.floor): the explicit path, or
+    where that is the kernel, FlexAttention (window) or the memory-efficient SDPA kernel on CUDA,
+    PyTorch's flash kernel on a CPU; None where there is none (a window on a CPU)."""
+    if kernel != "math":
+        return "math"
+    if device == "cuda":
+        return "flex" if window is not None else "efficient"
+    return None if window is not None else "flash"
+
+
 def _cudnn_attention_preferred() -> bool:
     if not torch.cuda.is_available():
         return False
