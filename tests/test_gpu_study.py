@@ -90,3 +90,20 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
         own = (wd / f"logs/study-run-gpu{gpu}.log").read_text()
         assert f"results/map/{point}/cells/baseline/max.json" in own
         assert (wd / f"results/map/{point}/cells/baseline/max.json").exists()
+
+
+def test_a_study_on_two_gpus_runs_in_one_snakemake_call(mirror, tmp_path):  # noqa: F811
+    """STUDY_GPUS=2, not a map: the targets two GPUs finish before the deadline, in one call
+    (gpu=2: on a GPU host the lease gives each job its own GPU; tests/test_lease.py)."""
+    wd = workdir(
+        tmp_path,
+        {"source": "mirror", "mirror": ".corpus", "dataset": DATASET},
+        ["baseline"],
+    )
+    shutil.copytree(ROOT / "tools", wd / "tools")
+    shutil.copytree(mirror.path, wd / ".corpus")
+    gpu_study(wd, "start", "1000", STUDY_GPUS="2", STUDY_ONLY="^results/cells/")  # (no paper)
+    log = gpu_study(wd, "wait", "600")
+    assert re.search(r"== 2 targets on 2 GPUs in one Snakemake call", log), log
+    assert "FAILED" not in log and "== piece finished" in log, log
+    assert len(list((wd / "results/cells").glob("*/*.json"))) == 2  # same and max

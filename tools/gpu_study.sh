@@ -30,7 +30,8 @@
 # STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU);
 # a map study on N GPUs runs one Snakemake per GPU (CUDA_VISIBLE_DEVICES): each takes the largest
 # unclaimed point whose estimate still fits, so every point's searches and cells run on one GPU
-# (logs/study-run-gpuG.log; the host's pinned memory is shared: memopt.runtime.offload).
+# (logs/study-run-gpuG.log; the host's pinned memory is shared: memopt.runtime.offload); another
+# study on N GPUs runs the targets that N GPUs finish before the deadline in one Snakemake call.
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -161,6 +162,26 @@ run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points 
   echo "== piece finished at $(date -u +%T) after $(( $(date +%s) - t0 )) s"
 }
 
+run_parallel() {  # another study on STUDY_GPUS GPUs: one Snakemake with gpu=N (the lease gives
+  # each job its own GPU) for as many targets, in order, as N GPUs finish before the deadline
+  local deadline=$1 t0 budget picked=() files
+  t0=$(date +%s) budget=$(( deadline * STUDY_GPUS * 9 / 10 ))  # (the last jobs end unevenly)
+  for entry in "${TARGETS[@]}"; do
+    read -r target est <<< "$entry"
+    [[ -z "${STUDY_ONLY:-}" || "$target" =~ $STUDY_ONLY ]] || continue
+    files=$(target_files "$target")
+    smk -n $files 2>&1 | grep -q "Nothing to be done" && { echo "== $target: done before"; continue; }
+    if [ "$est" -gt "$budget" ]; then
+      echo "== $target: estimate ${est}s > ${budget} GPU-s left; stopping here"
+      break
+    fi
+    budget=$(( budget - est )) picked+=($files)
+  done
+  echo "== ${#picked[@]} targets on $STUDY_GPUS GPUs in one Snakemake call at $(date -u +%T)"
+  [ ${#picked[@]} -eq 0 ] || smk "${picked[@]}" || echo "== study FAILED"
+  echo "== piece finished at $(date -u +%T) after $(( $(date +%s) - t0 )) s"
+}
+
 case ${1:-} in
   start)
     setup
@@ -191,9 +212,11 @@ case ${1:-} in
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
     run=run_targets
-    [ "${STUDY_GPUS:-1}" -gt 1 ] && [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned
+    if [ "${STUDY_GPUS:-1}" -gt 1 ] && [ -z "${STUDY_ONE_CALL:-}" ]; then
+      [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned || run=run_parallel
+    fi
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets run_pinned); $run $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_targets run_pinned run_parallel); $run $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
