@@ -367,3 +367,22 @@ def test_the_noise_floor_tells_two_functions_apart(tiny_study):
     assert check["holds"], check["rows"]  # checkpointing: the same function
     (control,) = check["controls"]
     assert control["against"] == "plain" and not control["within"], control
+
+
+def test_a_floor_that_cannot_run_or_diverged_falls_back_and_says_why(tiny_study, monkeypatch):
+    from memopt.jobs import quality
+
+    cfg, data = tiny_study
+    techniques = {"plain": _filled(TECHNIQUES["baseline"])}
+    tol = {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}
+    cfg = {**cfg, "techniques": techniques, "exactness": {"steps": 2, "batch": 2, "tolerance": tol}}
+    monkeypatch.setattr(quality, "second_kernel", lambda kernel, window, device: "flex")
+    plain = quality.add_floor(cfg, quality.run_exactness(cfg, "plain", data, "cpu"), data, "cpu")
+    assert plain["floor"]["kernel"] == "flex" and "CUDA" in plain["floor"]["reason"]
+    ref = [7.0 - 0.1 * i for i in range(4)]
+    records = [
+        {**_record("bf16", ref), "floor": {"kernel": "math", "losses": ref[:3] + [None]}},
+        _record("flash", [v + 0.04 for v in ref]),
+    ]
+    (row,) = [r for r in exactness(records, TECHNIQUES, tol, 2.0)["rows"] if r["ok"] is not None]
+    assert row["tolerance_from"] == "precision" and row["tolerance"] == 0.05 and row["ok"]

@@ -50,7 +50,7 @@ sys.path.insert(0, "src")
 from memopt.config import validate_config
 from memopt.runtime.functions import functions
 c = validate_config(yaml.safe_load(open(sys.argv[1])))
-default = sys.argv[1] == "config.yaml"
+cuda = c["device"] == "cuda"  # a CPU study (the tests' tiny one): 20 s a target
 if c["map"]:  # a map study: one target per point (its searches and cells on one machine)
     from memopt.map_points import map_points
     from memopt.runtime.flops import param_count
@@ -62,11 +62,11 @@ if c["map"]:  # a map study: one target per point (its searches and cells on one
         print(f"point:{point}", est)
     print("results/map.csv 20")
     sys.exit()
-print("searches", 360 if default else 20)
+print("searches", 360 if cuda else 20)
 for t in c["techniques"]:
     for b in c["batch_sizes"]:
         big = c["techniques"][t].get("checkpointing", "none") != "none" and b == "max"
-        print(f"results/cells/{t}/{b}.json", (90 if big else 60) if default else 20)
+        print(f"results/cells/{t}/{b}.json", (90 if big else 60) if cuda else 20)
 tokens = c["quality"]["tokens"] or 12_000_000  # null: one epoch (eltec_pol_corpus: ~11.5M)
 for f in functions(c["techniques"]):  # H100 tokens/s of the default model at batch 32, rounded
     # down from studies/h100-default's quality runs (fp32 58k, tf32 161k, bf16 388k, 8-bit 156k)
@@ -74,7 +74,7 @@ for f in functions(c["techniques"]):  # H100 tokens/s of the default model at ba
     for i in range(c["quality"]["seeds"]):
         est = int(30 + tokens / rate) if c["device"] == "cuda" else 20
         print(f"results/quality/{f}/{c['train']['seed'] + i}.json", est)
-print("paper", 90 if default else 20)
+print("paper", 90 if cuda else 20)
 PY
 )
 }
@@ -159,25 +159,28 @@ run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points 
     ) &
   done
   wait
+  rm -rf "$claims"  # (results/map.csv and the paper: memopt paper, or a 1-GPU piece)
   echo "== piece finished at $(date -u +%T) after $(( $(date +%s) - t0 )) s"
 }
 
 run_parallel() {  # another study on STUDY_GPUS GPUs: one Snakemake with gpu=N (the lease gives
   # each job its own GPU) for as many targets, in order, as N GPUs finish before the deadline
-  local deadline=$1 t0 budget picked=() files
-  t0=$(date +%s) budget=$(( deadline * STUDY_GPUS * 9 / 10 ))  # (the last jobs end unevenly)
+  # (they end by sum/N + the longest one: the last jobs end unevenly)
+  local deadline=$1 t0 sum=0 longest=0 n=0 picked=() files
+  t0=$(date +%s)
   for entry in "${TARGETS[@]}"; do
     read -r target est <<< "$entry"
     [[ -z "${STUDY_ONLY:-}" || "$target" =~ $STUDY_ONLY ]] || continue
     files=$(target_files "$target")
     smk -n $files 2>&1 | grep -q "Nothing to be done" && { echo "== $target: done before"; continue; }
-    if [ "$est" -gt "$budget" ]; then
-      echo "== $target: estimate ${est}s > ${budget} GPU-s left; stopping here"
+    local top=$(( est > longest ? est : longest ))
+    if [ $(( (sum + est) / STUDY_GPUS + top )) -gt $(( deadline * 9 / 10 )) ]; then
+      echo "== $target (estimate ${est}s) would end after the deadline on $STUDY_GPUS GPUs; stopping here"
       break
     fi
-    budget=$(( budget - est )) picked+=($files)
+    sum=$(( sum + est )) longest=$top n=$(( n + 1 )) picked+=($files)
   done
-  echo "== ${#picked[@]} targets on $STUDY_GPUS GPUs in one Snakemake call at $(date -u +%T)"
+  echo "== $n targets on $STUDY_GPUS GPUs in one Snakemake call at $(date -u +%T)"
   [ ${#picked[@]} -eq 0 ] || smk "${picked[@]}" || echo "== study FAILED"
   echo "== piece finished at $(date -u +%T) after $(( $(date +%s) - t0 )) s"
 }
@@ -212,6 +215,7 @@ case ${1:-} in
     echo "$info"$'\n'"piece start $(date -u +%FT%TZ), deadline ${2:?deadline seconds}" | tee -a logs/study-pieces.log
     echo "== piece start $(date -u +%T)" >> "$RUNLOG"
     run=run_targets
+    [ ${#TARGETS[@]} -gt 0 ] || { echo "no targets: is $CONFIGFILE a study config?"; exit 1; }
     if [ "${STUDY_GPUS:-1}" -gt 1 ] && [ -z "${STUDY_ONE_CALL:-}" ]; then
       [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned || run=run_parallel
     fi

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from memopt.config import technique_spec
 from memopt.data.tokens import TokenData, eval_sequences
+from memopt.errors import KernelUnavailable
 from memopt.jobs.outcome import guarded, stamp
 from memopt.runtime import parallel
 from memopt.runtime.attention import math_attention, resolve_kernel, second_kernel
@@ -221,6 +222,11 @@ def add_floor(cfg: dict, exact: dict, data: TokenData, device: str) -> dict:
     if other is None:
         exact["floor"] = {"kernel": None, "reason": f"no second exact kernel on {device}"}
         return exact
-    run = run_exactness(cfg, exact["technique"], data, device, attention=other)
+    try:
+        run = run_exactness(cfg, exact["technique"], data, device, attention=other)
+    except (KernelUnavailable, torch.OutOfMemoryError) as err:  # the check falls back, and says why
+        free_memory(device)
+        exact["floor"] = {"kernel": other, "reason": f"{other}: {str(err).splitlines()[0][:200]}"}
+        return exact
     exact["floor"] = {"kernel": other, "against": kernel, "losses": run["losses"]}
     return exact

@@ -5,7 +5,7 @@ not numbered. Text is the Markdown subset the prose uses: `code`, **bold**, *emp
 
 from __future__ import annotations
 
-from memopt.report.paper_format import num, pct
+from memopt.report.paper_format import num, pct, sig
 from memopt.report.paper_tables_effects import (
     increments_table,
     memory_table,
@@ -283,7 +283,7 @@ def exactness_table(ctx: dict) -> Table:
         [r["technique"], r["function"], "(itself)", "–", "–", "–", "reference"]
         if r["ok"] is None
         else [r["technique"], r["function"], r["reference"], num(r["max_abs_diff"], 4),
-              num(r["final_diff"], 4), num(r["tolerance"], 4) if r["tolerance_from"] == "floor"
+              num(r["final_diff"], 4), sig(r["tolerance"], 4) if r["tolerance_from"] == "floor"
               else r["tolerance"], "yes" if r["ok"] else "**no**"]
         for r in e["rows"]
     ]  # fmt: skip
@@ -304,8 +304,12 @@ def exactness_table(ctx: dict) -> Table:
         notes.append(note)
     if floors:
         notes.append("Noise floors: " + ", ".join(
-            f"`{ref}` {num(r['floor'], 4)} ({r['floor_kernels']} against its own kernel)"
+            f"`{ref}` {sig(r['floor'], 4)} ({r['floor_kernels']} against its own kernel)"
             for ref, r in floors.items()) + ".")  # fmt: skip
+    unmeasured = {r["reference"]: r["floor_reason"] for r in e["rows"] if r.get("floor_reason")}
+    if e["floor_factor"] and unmeasured:
+        notes.append("No noise floor (the precision's tolerance applies): " + ", ".join(
+            f"`{ref}`: {why}" for ref, why in unmeasured.items()) + ".")  # fmt: skip
     columns = ["technique", "function", "reference", "max abs Δ loss", "Δ final loss",
                "tolerance", "within tolerance"]  # fmt: skip
     return Table(columns, "lllrrrl", rows, caption, 5, "exactness", notes, layout="shrink")

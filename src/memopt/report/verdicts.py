@@ -185,7 +185,8 @@ def noise_floor(record: dict | None) -> float | None:
     floor = (record or {}).get("floor") or {}
     if not floor.get("losses") or len(floor["losses"]) != len(record["losses"]):
         return None
-    return max(_diff(a, b) for a, b in zip(record["losses"], floor["losses"]))
+    largest = max(_diff(a, b) for a, b in zip(record["losses"], floor["losses"]))
+    return largest if math.isfinite(largest) else None  # a diverged run measures no floor
 
 
 def exactness(
@@ -218,6 +219,7 @@ def exactness(
             "tolerance_from": "precision" if floor is None else "floor",
             "floor": floor,
             "floor_kernels": (by_name.get(ref, {}).get("floor") or {}).get("kernel"),
+            "floor_reason": (by_name.get(ref, {}).get("floor") or {}).get("reason"),
             "steps": len(mine),
             "max_abs_diff": None,
             "final_diff": None,

@@ -28,6 +28,7 @@ trials give them back (empty_host_cache) when they end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable
 
@@ -40,8 +41,10 @@ from memopt.runtime import lease
 HOST_FRACTION = 0.5
 
 
+@functools.cache
 def host_budget_bytes() -> int:
-    """This process's share of pinned host memory: HOST_FRACTION of it over the host's GPUs."""
+    """This process's share of pinned host memory: HOST_FRACTION of it over the host's GPUs.
+    Once per process: every training step of an offloading technique reads it."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(HOST_FRACTION * physical) // max(1, len(lease.nvidia_smi("index")))
 
