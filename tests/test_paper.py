@@ -510,28 +510,40 @@ def test_a_cpu_run_reads_as_one(study, tmp_path):
     assert "GPU" not in tex.read_text().split("\\appendix")[0]
 
 
-def test_measured_noise_floors_set_the_exactness_tolerance_in_the_paper(study, tmp_path):
-    """exactness.floor kernel: the method, the table and its notes say the tolerance is a multiple
-    of each reference's measured floor, and name a reference without one (and why)."""
+@pytest.mark.parametrize(
+    "how, run, words",
+    [("kernel", ("math", "flash"), "a second exact attention kernel"),
+     ("compile", ("compiled", "eager"), "the model under torch.compile")],
+)  # fmt: skip
+def test_measured_noise_floors_set_the_exactness_tolerance_in_the_paper(
+    study, tmp_path, how, run, words
+):
+    """exactness.floor kernel or compile: the method, the table and its notes say the tolerance is
+    a multiple of each reference's measured floor and how it was measured, and name a reference
+    without one (and why)."""
     paths = []
     for i, path in enumerate(study["exactness"]):
         record = read_json(path)
         if i == 0:  # no second kernel for this one
             record["floor"] = {"kernel": None, "reason": "no second exact kernel on cpu"}
         else:
-            record["floor"] = {"kernel": "math", "against": "flash",
+            record["floor"] = {"kernel": run[0], "against": run[1],
                                "losses": [v + 0.0003 * (k % 2) for k, v in enumerate(record["losses"])]}  # fmt: skip
         paths.append(tmp_path / "exactness" / path.name)
         write_json(paths[-1], record)
     shutil.copytree(study["figures"], tmp_path / "paper" / "figures")
-    config = {**CONFIG, "exactness": {**CONFIG["exactness"], "floor": "kernel", "floor_factor": 2}}
+    config = {**CONFIG, "exactness": {**CONFIG["exactness"], "floor": how, "floor_factor": 2}}
     out_md, out_tex = tmp_path / "paper" / "paper.md", tmp_path / "paper" / "paper.tex"
     render_paper(study["summary"], study["searches"], study["stats"], study["meta"], config,
                  tmp_path / "paper" / "figures", TEMPLATES, out_md, out_tex,
                  quality_csv=study["quality_csv"], exactness_paths=paths)  # fmt: skip
     text = out_md.read_text()
-    assert "within 2.0× their function's noise floor" in text
-    assert "Noise floors: " in text and "0.00030 (math against its own kernel)" in text
+    assert (
+        f"within 2.0× their function's noise floor (its reference's run repeated with {words})"
+        in text
+    )
+    assert "Noise floors: " in text and f"0.00030 ({run[0]} against {run[1]})" in text
+    assert f"same run with {words}" in " ".join(text.split())  # the table's caption
     first = read_json(study["exactness"][0])["technique"]
     assert f"`{first}`: no second exact kernel on cpu" in text
     assert "noise floor" in out_tex.read_text()

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from memopt.report.verdicts import exactness
+from memopt.report.verdicts import exactness, noise_floor
 from memopt.runtime.functions import function_of, functions, quality_spec, reference_technique
 from memopt.runtime.measure import ci95_half_width, counter_delta, enough_timed_steps, summarize
 
@@ -369,6 +369,65 @@ def test_the_noise_floor_tells_two_functions_apart(tiny_study):
     assert control["against"] == "plain" and not control["within"], control
 
 
+def test_a_compiled_exactness_run_draws_the_references_dropout_masks(tiny_study):
+    """With dropout, torch.compile draws its own random numbers by default, so a compiled run
+    drifts from its eager reference by a different dropout mask, not by rounding (0.011 nats in
+    6 steps of this tiny fp32 model). Exactness runs draw eager's numbers: the compiled run is
+    the reference's to rounding, and exactness.floor compile (the reference rerun compiled)
+    records it under floor; a 4-token window is still told apart at floor_factor 2."""
+    import torch._inductor.config as inductor_config
+
+    from memopt.jobs.quality import add_floor, run_exactness
+
+    cfg, data = tiny_study
+    assert cfg["model"]["dropout"] > 0 and not inductor_config.fallback_random
+    techniques = {
+        "plain": _filled(TECHNIQUES["baseline"]),
+        "compiled": _filled({**TECHNIQUES["baseline"], "compile": True}),
+        "window": _filled({**TECHNIQUES["baseline"], "window": 4}),
+    }
+    tol = {"fp32": 10.0, "tf32": 0.02, "bf16": 0.05}
+    e = {"steps": 6, "batch": 2, "tolerance": tol, "floor": "compile"}
+    cfg = {**cfg, "techniques": techniques, "exactness": e}
+    plain = add_floor(cfg, run_exactness(cfg, "plain", data, "cpu"), data, "cpu")
+    assert plain["floor"]["kernel"] == "compiled" and plain["floor"]["against"] == "eager"
+    assert noise_floor(plain) < 1e-4, noise_floor(plain)  # rounding only (was 0.011)
+    assert not inductor_config.fallback_random  # only inside the exactness runs
+    records = [
+        plain,
+        run_exactness(cfg, "compiled", data, "cpu"),
+        run_exactness(cfg, "window", data, "cpu"),
+    ]
+    check = exactness(records, techniques, tol, 2.0, "compile")
+    assert check["holds"] and check["floor_how"] == "the model under torch.compile", check["rows"]
+    (control,) = check["controls"]
+    assert control["against"] == "plain" and not control["within"], control
+
+
+def test_an_exactness_run_leaves_no_compiled_graph_behind(tiny_study):
+    """Dynamo reuses a graph whatever inductor's settings are later: the search trials that
+    follow a compiled technique's exactness run in the same job must compile their own graph,
+    which draws its own dropout masks as the cells' does, not the exactness run's eager ones."""
+    from memopt.config import technique_spec
+    from memopt.jobs import quality
+    from memopt.runtime.step import prepare
+
+    cfg, data = tiny_study
+    techniques = {
+        "plain": _filled(TECHNIQUES["baseline"]),
+        "compiled": _filled({**TECHNIQUES["baseline"], "compile": True}),
+    }
+    e = {"steps": 4, "batch": 2, "tolerance": {"fp32": 0.01, "tf32": 0.02, "bf16": 0.05}}
+    cfg = {**cfg, "techniques": techniques, "exactness": e}
+    plain = quality.run_exactness(cfg, "plain", data, "cpu")
+    compiled = quality.run_exactness(cfg, "compiled", data, "cpu")
+    assert max(abs(a - b) for a, b in zip(compiled["losses"], plain["losses"])) < 1e-4
+    spec = technique_spec(cfg, "compiled")  # a search trial after it, in the same process
+    applied, opt, batches = prepare(cfg, spec, data, 2, "cpu", cfg["train"]["seed"])
+    trial, _ = quality._losses(applied, opt, batches, 4, cfg, "cpu", "[trial]")
+    assert max(abs(a - b) for a, b in zip(trial, plain["losses"])) > 1e-4, trial
+
+
 def test_a_floor_that_cannot_run_or_diverged_falls_back_and_says_why(tiny_study, monkeypatch):
     from memopt.jobs import quality
 
@@ -379,6 +438,16 @@ def test_a_floor_that_cannot_run_or_diverged_falls_back_and_says_why(tiny_study,
     monkeypatch.setattr(quality, "second_kernel", lambda kernel, window, device: "flex")
     plain = quality.add_floor(cfg, quality.run_exactness(cfg, "plain", data, "cpu"), data, "cpu")
     assert plain["floor"]["kernel"] == "flex" and "CUDA" in plain["floor"]["reason"]
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    def failed_compile(*args):  # floor compile: inductor fails (no compiler, a lowering bug)
+        raise BackendCompilerFailed(lambda *a: None, RuntimeError("no C++ compiler"), None)
+
+    record = quality.run_exactness(cfg, "plain", data, "cpu")
+    monkeypatch.setattr(quality, "run_exactness", failed_compile)
+    cfg["exactness"]["floor"] = "compile"
+    plain = quality.add_floor(cfg, record, data, "cpu")
+    assert plain["floor"]["kernel"] == "compiled" and "no C++ compiler" in plain["floor"]["reason"]
     ref = [7.0 - 0.1 * i for i in range(4)]
     records = [
         {**_record("bf16", ref), "floor": {"kernel": "math", "losses": ref[:3] + [None]}},

@@ -1,11 +1,12 @@
 """Calibrate exactness.floor on this GPU: the default study's exactness runs with measured floors.
 
-    python tools/bench_floor.py [--tokens data/tokens] [--only T ...] [--factors 1.5 2 3] [--out F]
+    python tools/bench_floor.py [--tokens data/tokens] [--only T ...] [--factors 1.5 2 3]
+                                [--floor kernel|compile] [--out F]
 
 Each technique (default: flash, compiled, local128 and, for FP32, baseline and tf32) trains its
 exactness run (config.yaml: 50 steps at batch 8 from train.seed) on the study's tokens; each
-function's reference also trains it with a second exact attention kernel (exactness.floor kernel,
-memopt.jobs.quality.add_floor). Printed: each function's floor, each technique's largest difference
+function's reference also trains it with a second exact attention kernel (--floor kernel) or under
+torch.compile (--floor compile): memopt.jobs.quality.add_floor. Printed: each function's floor, each technique's largest difference
 from its reference, and the controls (the references of two functions in one precision), judged
 at each factor: a factor that passes every same-function technique and fails every control tells
 functions apart at this length. The records go to --out (JSON).
@@ -29,6 +30,12 @@ def main() -> None:
     ap.add_argument("--tokens", default="data/tokens")
     ap.add_argument("--only", nargs="+", default=DEFAULT)
     ap.add_argument("--factors", nargs="+", type=float, default=[1.5, 2.0, 3.0])
+    ap.add_argument(
+        "--floor",
+        choices=["kernel", "compile"],
+        default="kernel",
+        help="how each reference reruns its function (exactness.floor)",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default=None, help="default: the config's (cuda)")
     ap.add_argument("--steps", type=int, default=None, help="default: exactness.steps (50)")
@@ -43,7 +50,7 @@ def main() -> None:
 
     cfg = load_config_file(ROOT / "config.yaml")
     cfg["techniques"] = {t: cfg["techniques"][t] for t in args.only}
-    cfg["exactness"]["floor"] = "kernel"
+    cfg["exactness"]["floor"] = args.floor
     cfg["device"] = args.device or cfg["device"]
     if args.steps:
         cfg["exactness"]["steps"] = args.steps
@@ -60,7 +67,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(records, indent=1))
     tol = cfg["exactness"]["tolerance"]
     for factor in args.factors:
-        check = exactness(records, cfg["techniques"], tol, factor)
+        check = exactness(records, cfg["techniques"], tol, factor, args.floor)
         print(f"== floor_factor {factor}: holds {check['holds']}, failed {check['failed']}")
         for r in check["rows"]:
             if r["ok"] is None:

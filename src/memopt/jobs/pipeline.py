@@ -69,7 +69,7 @@ def search_file(
     if exactness_out is not None:  # (kept across a parallel search's launches)
         exact = parallel.saved("exactness") or run_exactness(cfg, technique, data, device)
         if (
-            cfg["exactness"].get("floor") == "kernel"
+            cfg["exactness"].get("floor", "none") != "none"
             and "floor" not in exact
             and (reference_technique(cfg["techniques"], technique) == technique)
         ):

@@ -16,6 +16,7 @@ import time
 from functools import partial
 
 import torch
+from torch._dynamo.exc import TorchDynamoException
 from tqdm import tqdm
 
 from memopt.config import technique_spec
@@ -30,7 +31,7 @@ from memopt.runtime.measure import device_name
 from memopt.runtime.model import SelfAttention
 from memopt.runtime.precision import set_precision_flags
 from memopt.runtime.step import free_memory, limit_gpu_memory, prepare, train_step
-from memopt.runtime.techniques import eval_model
+from memopt.runtime.techniques import eval_model, forget_compiled
 
 
 @contextlib.contextmanager
@@ -185,19 +186,28 @@ def _quality_run(cfg, spec, function, seed, data: TokenData, device: str, budget
 
 
 def run_exactness(
-    cfg: dict, technique: str, data: TokenData, device: str, attention: str | None = None
+    cfg: dict, technique: str, data: TokenData, device: str, change: dict | None = None
 ) -> dict:
     """`exactness.steps` training steps of `technique` at `exactness.batch` from train.seed: the
-    loss trajectory its function's reference must match (`attention`: another kernel instead of
-    the technique's, for the function's noise floor)."""
-    spec = technique_spec(cfg, technique) | ({"attention": attention} if attention else {})
+    loss trajectory its function's reference must match (`change`: knobs set otherwise than the
+    technique's, e.g. another attention kernel, for the function's noise floor)."""
+    spec = technique_spec(cfg, technique) | (change or {})
     e = cfg["exactness"]
     limit_gpu_memory(cfg, device)
+    # A compiled run draws eager's random numbers (inductor's fallback_random; the default draws
+    # its own), so its dropout masks are the reference's and the two differ by rounding alone.
+    # Dynamo reuses a compiled graph whatever inductor's settings are now, so the run compiles
+    # its own graph, and leaves none for the search trials and cells (which draw their own).
+    if spec["compile"]:
+        forget_compiled()
     applied, opt, batches = prepare(cfg, spec, data, e["batch"], device, cfg["train"]["seed"])
-    curve, seconds = _losses(
-        applied, opt, batches, e["steps"], cfg, device, f"[exactness {technique}]"
-    )
+    with torch._inductor.config.patch(fallback_random=True):
+        curve, seconds = _losses(
+            applied, opt, batches, e["steps"], cfg, device, f"[exactness {technique}]"
+        )
     del applied, opt
+    if spec["compile"]:
+        forget_compiled()
     free_memory(device)
     result = {
         "technique": technique,
@@ -212,21 +222,28 @@ def run_exactness(
 
 
 def add_floor(cfg: dict, exact: dict, data: TokenData, device: str) -> dict:
-    """exactness.floor `kernel`: the reference's exactness run again with another exact kernel of
-    its function (same initialization, batches and dropout masks: no attention dropout), under
-    exact["floor"]; the largest per-step difference of the two is the function's noise floor
-    (memopt.report.verdicts.exactness). Where the device has no second kernel, the reason."""
+    """The reference's exactness run again, computing the same function with other rounding (same
+    initialization, batches and dropout masks: no attention dropout), under exact["floor"]; the
+    largest per-step difference of the two is the function's noise floor (memopt.report.verdicts.
+    exactness). exactness.floor `kernel`: another exact attention kernel; `compile`: the whole
+    model under torch.compile (fused kernels round every layer differently). Where that cannot
+    run, the reason."""
     spec = exact["spec"]
     kernel = resolve_kernel(spec["attention"], spec["window"], device, spec["precision"])
-    other = second_kernel(kernel, spec["window"], device)
+    if cfg["exactness"].get("floor") == "compile":
+        other, against, change = "compiled", "eager", {"compile": True}
+    else:
+        other, against = second_kernel(kernel, spec["window"], device), kernel
+        change = {"attention": other}
     if other is None:
         exact["floor"] = {"kernel": None, "reason": f"no second exact kernel on {device}"}
         return exact
     try:
-        run = run_exactness(cfg, exact["technique"], data, device, attention=other)
-    except (KernelUnavailable, torch.OutOfMemoryError) as err:  # the check falls back, and says why
+        run = run_exactness(cfg, exact["technique"], data, device, change)
+    except (KernelUnavailable, torch.OutOfMemoryError, TorchDynamoException) as err:
+        # (no second kernel, out of memory, a compile that failed): the check falls back, says why
         free_memory(device)
-        exact["floor"] = {"kernel": other, "reason": f"{other}: {str(err).splitlines()[0][:200]}"}
+        exact["floor"] = {"kernel": other, "reason": f"{other}: {' '.join(str(err).split())[:200]}"}
         return exact
-    exact["floor"] = {"kernel": other, "against": kernel, "losses": run["losses"]}
+    exact["floor"] = {"kernel": other, "against": against, "losses": run["losses"]}
     return exact

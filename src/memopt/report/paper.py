@@ -244,8 +244,9 @@ def build_context(
         config["techniques"],
         config["exactness"]["tolerance"],
         config["exactness"].get("floor_factor")
-        if config["exactness"].get("floor") == "kernel"
+        if config["exactness"].get("floor", "none") != "none"
         else None,
+        config["exactness"].get("floor", "none"),
     )
     return {
         "cells": cells,

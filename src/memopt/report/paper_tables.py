@@ -276,8 +276,8 @@ def exactness_table(ctx: dict) -> Table:
         caption = caption.replace(
             "the tolerance of its precision",
             f"its tolerance: {num(e['floor_factor'], 1)}× its function's noise floor, the largest "
-            "difference between the\nreference's run and the same run with a second exact "
-            "attention kernel (the precision's tolerance where none ran)",
+            f"difference between the\nreference's run and the same run with {e['floor_how']} "
+            "(the precision's tolerance where none ran)",
         )
     rows = [
         [r["technique"], r["function"], "(itself)", "–", "–", "–", "reference"]
@@ -304,7 +304,7 @@ def exactness_table(ctx: dict) -> Table:
         notes.append(note)
     if floors:
         notes.append("Noise floors: " + ", ".join(
-            f"`{ref}` {sig(r['floor'], 4)} ({r['floor_kernels']} against its own kernel)"
+            f"`{ref}` {sig(r['floor'], 4)} ({r['floor_kernels']} against {r['floor_against']})"
             for ref, r in floors.items()) + ".")  # fmt: skip
     unmeasured = {r["reference"]: r["floor_reason"] for r in e["rows"] if r.get("floor_reason")}
     if e["floor_factor"] and unmeasured:

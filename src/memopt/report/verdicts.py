@@ -175,13 +175,18 @@ def _diff(a: float | None, b: float | None, signed: bool = False) -> float:
     return a - b if signed else abs(a - b)
 
 
+# How each exactness.floor reruns a function's reference (the paper's words).
+FLOOR_HOW = {
+    "kernel": "a second exact attention kernel",
+    "compile": "the model under torch.compile",
+}
 # The smallest tolerance a measured floor gives: float32's resolution at a loss of ~10 nats.
 FLOOR_MIN = 1e-6
 
 
 def noise_floor(record: dict | None) -> float | None:
-    """A reference's noise floor (exactness.floor kernel): the largest per-step difference between
-    its exactness run and the same run with a second exact kernel; None where it has none."""
+    """A reference's noise floor (exactness.floor kernel or compile): the largest per-step
+    difference between its exactness run and its floor run; None where it has none."""
     floor = (record or {}).get("floor") or {}
     if not floor.get("losses") or len(floor["losses"]) != len(record["losses"]):
         return None
@@ -194,11 +199,12 @@ def exactness(
     techniques: dict[str, dict],
     tolerance: dict,
     floor_factor: float | None = None,
+    floor_run: str = "kernel",
 ) -> dict:
     """Each technique's loss trajectory against its function's reference's (same batch, steps,
     initialization and batches): the largest per-step difference must be within the tolerance:
     with floor_factor, floor_factor times the reference's measured noise floor where it has one
-    (exactness.floor kernel), else the tolerance of the precision. A technique that is its own
+    (exactness.floor: `floor_run`), else the tolerance of the precision. A technique that is its own
     reference is listed as such."""
     by_name = {r["technique"]: r for r in records}
     rows = []
@@ -219,6 +225,7 @@ def exactness(
             "tolerance_from": "precision" if floor is None else "floor",
             "floor": floor,
             "floor_kernels": (by_name.get(ref, {}).get("floor") or {}).get("kernel"),
+            "floor_against": (by_name.get(ref, {}).get("floor") or {}).get("against"),
             "floor_reason": (by_name.get(ref, {}).get("floor") or {}).get("reason"),
             "steps": len(mine),
             "max_abs_diff": None,
@@ -248,6 +255,7 @@ def exactness(
         "batch_size": first["batch_size"] if first else None,
         "steps": first["steps"] if first else None,
         "floor_factor": floor_factor,
+        "floor_how": FLOOR_HOW.get(floor_run),
         "holds": all(r["ok"] for r in checked),
         "failed": [r["technique"] for r in checked if not r["ok"]],
     }

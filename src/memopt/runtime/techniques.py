@@ -89,9 +89,9 @@ def forget_cuda_graphs() -> None:
 
 def dynamic_batch(*tensors: torch.Tensor) -> None:
     """Mark the batch dimension of a compiled model's inputs dynamic: one graph (and inductor's
-    on-disk cache entry) serves every batch size of 2 or more, so a search's trials, the exactness
-    run and the cells of a compiled technique compile once instead of once per batch size (~30 s
-    each for the default model on an H100). The sequence length stays static. `maybe`: code that
+    on-disk cache entry) serves every batch size of 2 or more, so a search's trials and the cells of
+    a compiled technique compile once instead of once per batch size (~30 s each for the default
+    model on an H100; the exactness run compiles its own graph: memopt.jobs.quality). The sequence length stays static. `maybe`: code that
     specializes on the batch (the chunked loss's chunk count does) still compiles per batch."""
     for t in tensors:
         torch._dynamo.maybe_mark_dynamic(t, 0)
