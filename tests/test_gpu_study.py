@@ -68,6 +68,11 @@ def test_study_resumes_on_another_machine(mirror, tmp_path):  # noqa: F811
     assert (b / "paper/paper.md").exists()
     corpus = "corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '%s'}" % DATASET
     assert "Nothing to be done" in snakemake(b, "-n", "--config", corpus).stdout
+    # Another piece on machine b (warm): b's own results and pieces log stay, not the state's.
+    gpu_study(b, "start", "100000", STUDY_ONE_CALL="1")
+    assert "== piece finished" in gpu_study(b, "wait", "300")
+    assert (b / "logs/study-pieces.log").read_text().count("piece start") == 3  # a, b, b
+    assert len(list((b / "results/cells").glob("*/*.json"))) == 4
 
 
 def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F811

@@ -58,7 +58,7 @@ if c["map"]:  # a map study: one target per point (its searches and cells on one
         # piece (dc4e5f7): 942-1,218 s for the 1B model's points, 1,041 s for 360M at 16,384,
         # over 660 s for 128M at 4,096 (ckpt_offload's search and cell take about half)
         billions = param_count(model, c["tokenizer"]["vocab_size"]) / 1e9
-        est = int(900 + 300 * billions + model["seq_len"] // 64) if c["device"] == "cuda" else 20
+        est = int(900 + 300 * billions + model["seq_len"] // 64) if cuda else 20
         print(f"point:{point}", est)
     print("results/map.csv 20")
     sys.exit()
@@ -192,8 +192,9 @@ case ${1:-} in
     mkdir -p logs "$OUT"
     info=$({ nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } 2>&1)
     python3 -c "import psutil, snakemake, speakleash" || exit 1
+    fresh=
     if [ ! -f data/tokens/meta.json ]; then  # a fresh machine: rebuild the data, check it is the same
-      start=$SECONDS
+      fresh=1 start=$SECONDS
       smk data/tokens/meta.json > /tmp/study-data.log 2>&1 || { tail -30 /tmp/study-data.log; exit 1; }
       info+=$'\n'"data rebuilt in $(( SECONDS - start )) s"
       if [ -f "$STATE" ]; then
@@ -201,7 +202,9 @@ case ${1:-} in
           || { echo "the rebuilt data differs from the first piece's"; exit 1; }
       fi
     fi
-    [ -f "$STATE" ] && tar xzf "$STATE"   # results, logs, benchmarks and metadata of earlier pieces
+    # Results, logs, benchmarks and metadata of earlier machines' pieces (a later piece on this
+    # machine keeps its own: the state is older than them)
+    [ -n "$fresh" ] && [ -f "$STATE" ] && tar xzf "$STATE"
     # A study killed here (kill -9, a crash) leaves Snakemake's lock: memopt unlock removes it once
     # no Snakemake run and none of its jobs runs in this folder (docs/running.md, "When a run is
     # interrupted"); it refuses, and the piece stops, while one still does.

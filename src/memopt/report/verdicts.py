@@ -214,6 +214,7 @@ def exactness(
         ref = reference_technique(techniques, name)
         mine, theirs = by_name[name]["losses"], by_name.get(ref, {}).get("losses")
         floor = noise_floor(by_name.get(ref)) if floor_factor else None
+        floor_record = by_name.get(ref, {}).get("floor") or {}  # the reference's floor run
         tol = tolerance[techniques[name]["precision"]]
         if floor is not None:
             tol = max(floor_factor * floor, FLOOR_MIN)
@@ -224,9 +225,9 @@ def exactness(
             "tolerance": tol,
             "tolerance_from": "precision" if floor is None else "floor",
             "floor": floor,
-            "floor_kernels": (by_name.get(ref, {}).get("floor") or {}).get("kernel"),
-            "floor_against": (by_name.get(ref, {}).get("floor") or {}).get("against"),
-            "floor_reason": (by_name.get(ref, {}).get("floor") or {}).get("reason"),
+            "floor_kernels": floor_record.get("kernel"),
+            "floor_against": floor_record.get("against"),
+            "floor_reason": floor_record.get("reason"),
             "steps": len(mine),
             "max_abs_diff": None,
             "final_diff": None,
