@@ -15,7 +15,7 @@ from memopt.errors import MemoptError
 from memopt.fileio import read_json
 from memopt.report.figures import make_figures
 from memopt.report.paper import render_paper
-from memopt.report.paper_format import build_pdf, md, mib, mparams, num, sig, tex
+from memopt.report.paper_format import build_pdf, config_yaml, md, mib, mparams, num, sig, tex
 from memopt.report.results import aggregate, write_json
 from memopt.runtime.flops import param_count
 
@@ -331,6 +331,16 @@ def test_search_table_matches_search_files(study):
         assert row["max batch"] == _f(search["max_batch"], 0)
         assert row["trials"] == str(len(search["trials"]))
         assert row["search time (s)"] == _f(search["seconds"], 1)
+
+
+def test_the_printed_config_says_the_slack_the_searches_used():
+    """Searches recorded before search.allocator_slack_mib counted only out of memory: the
+    paper's config says 0 for them, not the default; newer searches' config is printed as is."""
+    cfg = {"search": {"headroom_mib": 1024, "allocator_slack_mib": 256}}
+    old, new = {"technique": "flash"}, {"technique": "flash", "allocator_slack_mib": 256.0}
+    assert "allocator_slack_mib: 0\n" in config_yaml(cfg, [old, old]) + "\n"
+    assert "allocator_slack_mib: 256\n" in config_yaml(cfg, [old, new]) + "\n"
+    assert "allocator_slack_mib: 256\n" in config_yaml(cfg) + "\n"
 
 
 def test_incremental_effects_table_matches_summary(study, tmp_path):

@@ -206,6 +206,39 @@ def test_gpu_headroom_is_left_free(monkeypatch):
     assert search.available_mib(cfg, "cpu") == 512
 
 
+def test_a_trial_past_the_allocator_slack_is_a_measured_miss(tokens, monkeypatch):
+    """On a GPU a trial fits when it trains and its allocated peak stays
+    search.allocator_slack_mib below the budget (within it the allocator's cache makes running
+    out of memory a matter of chance); past that limit it is a miss, measured."""
+    from memopt.config import technique_spec
+    from memopt.jobs import search
+
+    cfg = study()
+    spec = technique_spec(cfg, "baseline")
+    free = search._trial(cfg, spec, tokens, 2, "cpu", None)
+    assert free["fits"] and not free["out_of_memory"]
+    tight = search._trial(cfg, spec, tokens, 2, "cpu", free["peak_mib"] - 0.01)
+    assert (tight["fits"], tight["out_of_memory"]) == (False, False)
+    assert tight["peak_mib"] == pytest.approx(free["peak_mib"])
+    assert search.fit_limit_mib(cfg, "cpu", 512.0) == 512.0  # the CPU's tracker has no cache
+    assert search.fit_limit_mib(cfg, "cuda", 79_524.0) == 79_268.0
+    cfg["search"]["allocator_slack_mib"] = 80_000
+    with pytest.raises(MemoptError, match=r"allocator_slack_mib: 80000 .* less than the 79,524"):
+        search.fit_limit_mib(cfg, "cuda", 79_524.0)
+    # The search under such a limit (here 70% of the CPU budget) proves the limit's maximum.
+    whole = search_max_batch(study(), "baseline", tokens, "cpu", progress=lambda m: None)
+    monkeypatch.setattr(search, "fit_limit_mib", lambda cfg, device, avail: 0.7 * avail)
+    res = search_max_batch(study(), "baseline", tokens, "cpu", progress=lambda m: None)
+    assert 1 < res["max_batch"] < whole["max_batch"] and res["fit_limit_mib"] < res["budget_mib"]
+    by_batch = {t["batch"]: t for t in res["trials"]}
+    assert by_batch[res["max_batch"]]["peak_mib"] <= res["fit_limit_mib"]
+    above = by_batch[res["max_batch"] + 1]
+    assert not above["fits"] and (
+        above["out_of_memory"] or above["peak_mib"] > res["fit_limit_mib"]
+    )
+    assert any(not t["fits"] and not t["out_of_memory"] for t in res["trials"])
+
+
 def test_too_little_text_for_the_sequence_length_names_the_split_and_the_fix():
     from memopt.data.tokens import Batches, eval_sequences
 

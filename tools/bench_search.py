@@ -6,7 +6,8 @@ Each search runs in a fresh process (as a Snakemake job does) on the default stu
 (config.yaml, random tokens): `fit` (the default strategy) and `bisect` (doubling + bisection)
 report the maximum batch, trials and seconds. `--check` retrains the found B and B + 1, each in
 a process of its own, outside the search, under the same memory limit (the GPU less the
-headroom): B must fit, B + 1 must run out of memory.
+headroom) and the same test: B must fit, B + 1 must run out of memory or pass the allocator's
+slack.
 """
 
 from __future__ import annotations
@@ -39,15 +40,16 @@ def child(args) -> None:
     from memopt.data.tokens import TokenData
     from memopt.fileio import write_json
     from memopt.jobs.pipeline import _setup
-    from memopt.jobs.search import _trial, limit_trials, search_max_batch
+    from memopt.jobs.search import _trial, fit_limit_mib, limit_trials, search_max_batch
 
     cfg = study(args.strategy)
     device = _setup(cfg, None)  # the allocator settings every search and cell uses
     data = TokenData(args.tokens)
     if args.batch:
         spec = technique_spec(cfg, args.technique)
-        limit_trials(cfg, device)  # the memory a search's trial may use, as in the search
-        write_json(args.json, _trial(cfg, spec, data, args.batch, device))
+        avail = limit_trials(cfg, device)  # the memory a search's trial may use, as in the search
+        limit = fit_limit_mib(cfg, device, avail)
+        write_json(args.json, _trial(cfg, spec, data, args.batch, device, limit))
     else:
         write_json(args.json, search_max_batch(cfg, args.technique, data, device))
 

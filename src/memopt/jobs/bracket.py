@@ -5,7 +5,8 @@ test_bracket.py) as well as run on a GPU (memopt.jobs.search).
 
 A trial at k (batches are multiples k of the granularity) either fits, and reports what it used
 of each limited resource (the GPU's memory in each phase of the step, and with offloading the
-host's pinned memory), or does not fit. Each resource's use is close to linear in the batch: on
+host's pinned memory), or does not fit (on a GPU also when its allocated peak comes within the
+allocator's slack of the budget, so the limit is one a line predicts: memopt.jobs.search). Each resource's use is close to linear in the batch: on
 the H100 the peaks of the default study's techniques lie on one line from batch 4 up to their
 maximum, to the MiB. A bend comes where the event that sets the peak changes (a fixed cost such
 as the optimizer's step at small batches, the activations at large ones), which is why each
@@ -73,10 +74,8 @@ def _crossing(fits: dict[int, Usage], resource: str, limit: float, state: float 
         half_curvature = (slope - (fits[k1][resource] - fits[k0][resource]) / (k1 - k0)) / (k2 - k0)
         slope_at_k2 = slope + half_curvature * (k2 - k1)
         disc = slope_at_k2**2 + 4 * half_curvature * (limit - p2)
-        if abs(half_curvature) > 1e-15 and slope_at_k2 > 0 and disc >= 0:
-            x = (math.sqrt(disc) - slope_at_k2) / (2 * half_curvature)
-            if x >= 0:
-                return k2 + x, slope_at_k2
+        if slope_at_k2 > 0 and disc >= 0:  # the root's stable form: exact as curvature -> 0
+            return k2 + 2 * (limit - p2) / (slope_at_k2 + math.sqrt(disc)), slope_at_k2
     return crossing, slope
 
 

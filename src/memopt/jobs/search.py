@@ -2,8 +2,11 @@
 
 A trial runs `search.trial_steps` full training steps (forward, backward, clipping, optimizer; at
 least two, so the optimizer state exists). The answer B is proven: B fits and B + g does not
-(g = `search.granularity`), and both trials are recorded. Out of memory means "does not fit"; any
-other error is raised.
+(g = `search.granularity`), and both trials are recorded. A trial fits when it trains and, on a
+GPU, its allocated peak stays `search.allocator_slack_mib` below the budget: near the budget the
+caching allocator keeps 60-250 MiB reserved but unallocated (on the H100's map searches), so
+there a batch runs out of memory or not by chance, while the allocated peak repeats to the MiB.
+Out of memory, or a peak past that limit, means "does not fit"; any other error is raised.
 
 Strategy `fit` (the default) aims every trial from what the earlier ones measured: each phase's
 peak memory (forward, backward, optimizer step) and, with offloaded activations, the host's
@@ -108,17 +111,23 @@ MEASURED = ("peak_mib", "phase_peak_mib", "state_mib", "host_pinned_mib", "host_
             "peak_reserved_mib", "last_step_ms")  # fmt: skip
 
 
-def _trial(cfg: dict, spec: dict, data: TokenData, batch: int, device: str) -> dict:
-    """One trial: fits or out of memory (memopt.jobs.outcome), its memory freed before the next."""
+def _trial(
+    cfg: dict, spec: dict, data: TokenData, batch: int, device: str, limit_mib: float | None
+) -> dict:
+    """One trial, its memory freed before the next: it fits when it trains (memopt.jobs.outcome)
+    and its peak is within `limit_mib` (None: any peak)."""
     t0 = time.perf_counter()
     work = partial(_trial_steps, cfg, spec, data, batch, device)
     out = guarded(work, device, batch, MEASURED, keep_host_cache=True)  # the search frees it
     phases = out["phase_peak_mib"] or {}
+    # Every rank must take the search's next step alike: the fit follows the fullest one.
+    peak = parallel.max_over_ranks(out["peak_mib"])
+    trained = out["status"] == "ok"
     return {
         "batch": batch,
-        "fits": out["status"] == "ok",
-        # Every rank must take the search's next step alike: the fit follows the fullest one.
-        "peak_mib": parallel.max_over_ranks(out["peak_mib"]),
+        "fits": trained and (limit_mib is None or peak <= limit_mib),
+        "out_of_memory": not trained,
+        "peak_mib": peak,
         "phase_peak_mib": {k: parallel.max_over_ranks(v) for k, v in phases.items()} or None,
         "state_mib": parallel.max_over_ranks(out["state_mib"]),
         "host_pinned_mib": parallel.max_over_ranks(out["host_pinned_mib"]),
@@ -177,6 +186,20 @@ def limit_trials(cfg: dict, device: str) -> float:
     return avail
 
 
+def fit_limit_mib(cfg: dict, device: str, avail: float) -> float:
+    """The allocated peak a fitting trial may reach (MiB): on a GPU the budget less
+    search.allocator_slack_mib, on a CPU (whose tracker has no cache) the budget."""
+    if device != "cuda":
+        return avail
+    slack = cfg["search"]["allocator_slack_mib"]
+    if slack >= avail:
+        raise MemoptError(
+            f"search.allocator_slack_mib: {slack} is not allowed here; allowed: less than the "
+            f"{avail:,.0f} MiB a trial may use on this GPU"
+        )
+    return avail - slack
+
+
 def search_max_batch(
     cfg: dict, technique: str, data: TokenData, device: str, progress=print
 ) -> dict:
@@ -194,10 +217,11 @@ def search_max_batch(
     data_max = data.max_batch(cfg["model"]["seq_len"])
     cap = min(search["max_batch"] or data_max, data_max) // g * g
     avail = limit_trials(cfg, device)
+    fit_limit = fit_limit_mib(cfg, device, avail)
     # What a trial may use of each resource: GPU memory in every phase (the allocator's
     # allocated bytes: near the limit it reserves whatever is free, so peak reserved is no
     # function of the batch), and the host's pinned memory for offloaded activations.
-    limits = dict.fromkeys(PHASES, avail)
+    limits = dict.fromkeys(PHASES, fit_limit)
     host_budget = host_budget_bytes() if spec["offload"] != "none" else None
     trials, state = [], {}
     # A parallel search started again after a rank ran out of memory: its trials so far, and
@@ -209,12 +233,15 @@ def search_max_batch(
 
     def test(k: int):
         batch = k * g
-        trials.append(known.get(batch) or _trial(cfg, spec, data, batch, device))
+        trials.append(known.get(batch) or _trial(cfg, spec, data, batch, device, fit_limit))
         parallel.save("trials", trials)
         t = trials[-1]
+        if t["out_of_memory"]:
+            verdict = "out of memory"
+        else:
+            verdict = f"{'fits' if t['fits'] else 'over the limit'}, peak {t['peak_mib']:,.0f} MiB"
         progress(
-            f"[search {technique}] trial {len(trials)}, batch {batch}: "
-            + (f"fits, peak {t['peak_mib']:,.0f} MiB" if t["fits"] else "out of memory")
+            f"[search {technique}] trial {len(trials)}, batch {batch}: {verdict}"
             + f" ({t['seconds']:.1f} s{', an earlier launch' if batch in known else ''})"
         )
         if t["fits"] and not state:  # weights and optimizer state: what exists before a batch
@@ -249,6 +276,8 @@ def search_max_batch(
         "cap_from": "data" if cap == data_max // g * g else "search.max_batch",
         "strategy": search["strategy"],
         "budget_mib": avail,
+        "allocator_slack_mib": avail - fit_limit if device == "cuda" else None,
+        "fit_limit_mib": fit_limit,
         "host_budget_mib": None if host_budget is None else host_budget / MIB,
         "headroom_mib": search["headroom_mib"] if device == "cuda" else None,
         "fit": fit,

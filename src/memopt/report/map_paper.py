@@ -129,7 +129,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
     return {
-        "config": config, "config_yaml": config_yaml(config), "corpus": read_json(corpus_stats),
+        "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": _models(config, tokens["vocab_size"]),
         "lengths": list(config["map"]["seq_lens"]), "points": points, "techniques": techniques,
         "specs": {t: config["techniques"][t] for t in techniques}, "reference": reference,
@@ -142,6 +142,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             "longest": max(rows, key=lambda r: r["search_s"]), "host": [r for r in rows if r["limit"] == "host"],
             "headroom_mib": config["search"]["headroom_mib"],
             "budgets_mib": sorted({s["budget_mib"] for s in searches if s.get("budget_mib")}),
+            "slack_mib": max((s.get("allocator_slack_mib") or 0 for s in searches), default=0),
         },
         "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
         "best": best, "winners": winners, "everywhere": bool(always),
@@ -214,6 +215,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
     budgets = ctx["searches"]["budgets_mib"] or [None]  # sorted: the smallest to the largest
     lo, hi = (num(b) if b else "n/a" for b in (budgets[0], budgets[-1]))
     budget = lo if lo == hi else f"{lo} to {hi}"
+    slack = ctx["searches"]["slack_mib"]
+    peak = f", its allocated peak at least {num(slack)} MiB below it," if slack else ""
     return {
         "models": models,
         "techniques": knobs,
@@ -222,7 +225,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
             "batch 1 does not fit; h: the host's pinned memory, not the GPU's, stopped the batch; "
             "d: the training data did.", 2, "tokens",
             [f"Every other maximum is the GPU's: batch B trained within the budget of {budget} MiB "
-             f"({num(ctx['searches']['headroom_mib'])} MiB below the card's memory) and B + 1 did not."],
+             f"({num(ctx['searches']['headroom_mib'])} MiB below the card's memory){peak} and B + 1 "
+             "did not."],
         ),
         "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: thousand tokens/s, "
                            "model FLOPs utilization in brackets.", 3, "speed"),

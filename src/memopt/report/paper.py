@@ -308,7 +308,7 @@ def build_context(
         "stages": stages,
         "share": measurement_share(stages, cells, runs),
         "analysis": analysis(cells),
-        "config_yaml": config_yaml(config),
+        "config_yaml": config_yaml(config, searches),
         "increments": incremental_effects(cells),
         "same_cells": list(ok_cells(cells).values()),
         "provenance": _provenance(cells),

@@ -137,6 +137,11 @@ def search_table(ctx: dict) -> Table:
         less = f", less a headroom of {num(headroom, 0)} MiB" if headroom else ""
         span = lo if lo == hi else f"{lo}–{hi}"
         within = f" within {span} MiB (what was free when each search began{less})"
+        slacks = sorted(
+            {s["allocator_slack_mib"] for s in searches if s.get("allocator_slack_mib")}
+        )
+        if slacks:  # searches that count a peak within the allocator's slack as a miss
+            within += f", its allocated peak at least {num(slacks[-1], 0)} MiB below that"
     fitted = any(s.get("predicted_batch") is not None for s in searches)
     caption = (
         f"the largest batch each technique trains at{within}.\n`capped` means the search stopped "

@@ -231,6 +231,7 @@ def oom_trial(record: dict) -> dict:
     return {
         "batch": record["batch"],
         "fits": False,
+        "out_of_memory": True,
         "peak_mib": None,
         "peak_reserved_mib": None,
         "last_step_ms": None,
