@@ -213,9 +213,10 @@ def test_map_figures_draw_every_technique_and_mark_none_fits():
     assert len(heights) == 5 * 9 and all(0 <= h <= 1 for h in heights)
 
 
-def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
-    """A machine that ends mid-point must not hand a half point to the next machine (a point's
-    searches and cells run on one GPU): tools/gpu_study.sh save leaves it out of the state."""
+def test_gpu_study_save_keeps_only_searches_whose_cell_ran(tmp_path):
+    """A machine that ends mid-point hands the next machine each technique whose search and cell
+    both ran (so every cell runs on its search's GPU), not a search without its cell:
+    tools/gpu_study.sh save leaves that search, its log and its benchmark out of the state."""
     import tarfile
 
     (tmp_path / "tools").mkdir()
@@ -226,13 +227,14 @@ def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
     (tmp_path / "map.yaml").write_bytes((ROOT / "config" / "map.yaml").read_bytes())
     techniques = yaml.safe_load((ROOT / "config" / "map.yaml").read_text())["techniques"]
     files = {"gpt2_110m_1024": [f"{k}" for t in techniques
-                                for k in (f"search/{t}.json", f"cells/{t}/max.json")],
-             "llama_1b_16384": ["search/flash.json", "cells/flash/max.json"]}  # fmt: skip
+                                for k in (f"search/{t}", f"cells/{t}/max")],
+             "llama_1b_16384": ["search/flash", "cells/flash/max", "search/ckpt_chunked"]}  # fmt: skip
     for point, names in files.items():
         for name in names:
             for path in (
-                tmp_path / "results/map" / point / name,
-                tmp_path / "logs/map" / point / name,
+                tmp_path / "results/map" / point / f"{name}.json",
+                tmp_path / "logs/map" / point / f"{name}.log",
+                tmp_path / "results/benchmarks/map" / point / f"{name}.tsv",
             ):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("{}")
@@ -244,10 +246,17 @@ def test_gpu_study_save_leaves_out_a_point_cut_off_mid_way(tmp_path):
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
     proc = subprocess.run(["bash", "tools/gpu_study.sh", "save"], cwd=tmp_path, env=env,
                           capture_output=True, text=True)  # fmt: skip
-    assert "map point llama_1b_16384 is not finished" in proc.stdout, proc.stdout + proc.stderr
+    said = "map search llama_1b_16384/search/ckpt_chunked has no cell yet"
+    assert said in proc.stdout, proc.stdout + proc.stderr
     names = tarfile.open(tmp_path / "out" / "state.tar.gz").getnames()
     assert (
         sum(n.startswith("results/map/gpt2_110m_1024/") and n.endswith(".json") for n in names)
         == 14
     )
-    assert not any("llama_1b_16384" in n for n in names)
+    kept = sorted(n for n in names if "llama_1b_16384" in n and n.rsplit(".", 1)[-1] != n)
+    assert kept == [
+        "logs/map/llama_1b_16384/cells/flash/max.log", "logs/map/llama_1b_16384/search/flash.log",
+        "results/benchmarks/map/llama_1b_16384/cells/flash/max.tsv",
+        "results/benchmarks/map/llama_1b_16384/search/flash.tsv",
+        "results/map/llama_1b_16384/cells/flash/max.json",
+        "results/map/llama_1b_16384/search/flash.json"]  # fmt: skip

@@ -10,8 +10,10 @@
 #     bash tools/gpu_study.sh save                                      # state -> $OUT/state.tar.gz
 #     MEMOPT_GIT_COMMIT=<sha> bash tools/gpu_study.sh cells BATCH       # every technique at BATCH
 #   Here, between machines: mkdir -p .study && cp <files_at>/state.tar.gz .study/
-#   (`wait N; save` in every call: a machine lost between calls loses only that call's work; a
-#   map point cut off mid-way is left out of the state, so it runs again whole, on one GPU)
+#   (`wait N; save` in every call: a machine lost between calls loses only that call's work; of a
+#   map point cut off mid-way the state keeps each technique whose search and cell both ran, so
+#   every cell runs on its search's GPU; a point finished on several machines is said to be split
+#   in its paper, its techniques compared across cards)
 #
 # .whl: wheels the GPU image lacks (../shared/hooks/device-wheels.sh); .corpus: speakleash.json and
 # eltec_pol_corpus.* from ../shared/corpus/speakleash. The corpus mirror is given relative (.corpus)
@@ -246,22 +248,22 @@ case ${1:-} in
     mkdir -p "$OUT" logs/worker
     cp /tmp/memopt-"$(id -u)"/*.log logs/worker/ 2>/dev/null  # the warm workers' own logs
     # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
-    cut=()  # a map point not finished here: left out, so that it runs again whole elsewhere
-    unfinished=$(python3 - "$CONFIGFILE" <<'PY'
+    cut=()  # a map search whose cell did not run here: left out, so both run again on one GPU
+    unpaired=$(python3 - "$CONFIGFILE" <<'PY'
 import os, sys, yaml
 sys.path.insert(0, "src")
 from memopt.config import validate_config
 from memopt.map_points import map_points
 c = validate_config(yaml.safe_load(open(sys.argv[1])))
 for p in map_points(c):
-    files = [f"results/map/{p}/{k}" for t in c["techniques"] for k in (f"search/{t}.json", f"cells/{t}/max.json")]
-    if any(os.path.exists(f) for f in files) and not all(os.path.exists(f) for f in files):
-        print(p)
+    for t in c["techniques"]:
+        if os.path.exists(f"results/map/{p}/search/{t}.json") and not os.path.exists(f"results/map/{p}/cells/{t}/max.json"):
+            print(f"{p}/search/{t}")
 PY
-    ) || echo "save: WARNING: could not tell unfinished map points (they are saved as they are)"
-    for p in $unfinished; do
-      echo "save: map point $p is not finished: left out of the state (it runs again whole)"
-      cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
+    ) || echo "save: WARNING: could not tell unpaired map searches (they are saved as they are)"
+    for s in $unpaired; do
+      echo "save: map search $s has no cell yet: left out of the state (both run again)"
+      cut+=(--exclude="results/map/$s.json" --exclude="logs/map/$s.log" --exclude="results/benchmarks/map/$s.tsv")
     done
     tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
