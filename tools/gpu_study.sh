@@ -202,19 +202,18 @@ case ${1:-} in
     mkdir -p logs "$OUT"
     info=$({ nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } 2>&1)
     python3 -c "import psutil, snakemake, speakleash" || exit 1
-    fresh=
     if [ ! -f data/tokens/meta.json ]; then  # a fresh machine: rebuild the data, check it is the same
-      fresh=1 start=$SECONDS
+      start=$SECONDS
       smk data/tokens/meta.json > /tmp/study-data.log 2>&1 || { tail -30 /tmp/study-data.log; exit 1; }
       info+=$'\n'"data rebuilt in $(( SECONDS - start )) s"
       if [ -f "$STATE" ]; then
         tar xzf "$STATE" data/study.sha256 && sha256sum --quiet -c data/study.sha256 \
           || { echo "the rebuilt data differs from the first piece's"; exit 1; }
+        # Results, logs, benchmarks and metadata of earlier machines' pieces (a later piece on
+        # this machine keeps its own: the state is older than them)
+        tar xzf "$STATE"
       fi
     fi
-    # Results, logs, benchmarks and metadata of earlier machines' pieces (a later piece on this
-    # machine keeps its own: the state is older than them)
-    [ -n "$fresh" ] && [ -f "$STATE" ] && tar xzf "$STATE"
     # A study killed here (kill -9, a crash) leaves Snakemake's lock: memopt unlock removes it once
     # no Snakemake run and none of its jobs runs in this folder (docs/running.md, "When a run is
     # interrupted"); it refuses, and the piece stops, while one still does.

@@ -212,9 +212,10 @@ def exactness(
         if name not in by_name:
             continue
         ref = reference_technique(techniques, name)
-        mine, theirs = by_name[name]["losses"], by_name.get(ref, {}).get("losses")
-        floor = noise_floor(by_name.get(ref)) if floor_factor else None
-        floor_record = by_name.get(ref, {}).get("floor") or {}  # the reference's floor run
+        reference = by_name.get(ref)
+        mine, theirs = by_name[name]["losses"], (reference or {}).get("losses")
+        floor = noise_floor(reference) if floor_factor else None
+        floor_record = (reference or {}).get("floor") or {}  # the reference's floor run
         tol = tolerance[techniques[name]["precision"]]
         if floor is not None:
             tol = max(floor_factor * floor, FLOOR_MIN)

@@ -30,6 +30,28 @@ def cmd_validate(args) -> None:
     )
 
 
+def cmd_plan(args) -> None:
+    from memopt.plan.report import format_plan, gpu_memory_mib, plan
+
+    study = _study(args)
+    total = gpu_memory_mib(args.gpu_memory)
+    host = None
+    if args.host_memory:  # what offloading may pin: memopt.runtime.offload's share of the host
+        from memopt.runtime.offload import HOST_FRACTION
+
+        host = HOST_FRACTION * gpu_memory_mib(args.host_memory) / args.gpus_per_host
+    vocab = study["tokenizer"]["vocab_size"]
+    print(format_plan(plan(study, total, vocab, host), args.batch))
+    print(
+        f"\n{study['model'].get('arch', 'gpt2')} model, {study['model']['seq_len']:,} tokens a "
+        f"sequence, vocabulary {vocab:,}; a prediction, not a measurement: `memopt search` proves "
+        "a maximum. Offloaded techniques: " + (
+            "the host's pinned memory checked." if host else "the host's memory not checked "
+            "(--host-memory)."
+        )
+    )  # fmt: skip
+
+
 def _training_study(args) -> dict:
     """The study for `memopt search` / `cell`: its device must be here (said in this command's
     terms), and the output is not a file the workflow made unless --force says to replace it."""
@@ -257,6 +279,22 @@ def build_parser() -> argparse.ArgumentParser:
                 "--search-dir", type=Path, default=Path("results/search"),
                 help="where the searches behind `same` and `max` are",
             )  # fmt: skip
+    sp = add(
+        "plan", cmd_plan,
+        "predict each technique's peak memory and largest batch on a GPU, without one",
+    )  # fmt: skip
+    add_config(sp)
+    sp.add_argument(
+        "--gpu-memory", required=True,
+        help="the GPU's memory: a size (24GiB, 40GB, 81559MiB) or a name (H100-80GB, H200)",
+    )  # fmt: skip
+    sp.add_argument("--batch", type=_positive_int, default=8, help="the batch of the peak column")
+    sp.add_argument(
+        "--host-memory", default=None,
+        help="the host's memory (a size): offloaded techniques may pin a share of it; "
+        "None: not checked",
+    )  # fmt: skip
+    sp.add_argument("--gpus-per-host", type=_positive_int, default=1, help="GPUs sharing it")
     sp = add("paper", cmd_paper, "aggregate a results folder and render the paper (no GPU needed)")
     add_config(sp)
     sp.add_argument("--results", default="results", help="folder with cells/ and search/")
