@@ -30,7 +30,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def test_every_option_shows_its_default_in_help():
     subs = _subparsers(cli.build_parser())
-    assert set(subs) == {"validate", "search", "cell", "paper", "unlock"}
+    assert set(subs) == {"validate", "search", "cell", "plan", "paper", "unlock"}
     for name, sub in subs.items():
         text = " ".join(sub.format_help().split())
         for action in sub._actions:

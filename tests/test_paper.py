@@ -341,6 +341,9 @@ def test_the_printed_config_says_the_slack_the_searches_used():
     assert "allocator_slack_mib: 0\n" in config_yaml(cfg, [old, old]) + "\n"
     assert "allocator_slack_mib: 256\n" in config_yaml(cfg, [old, new]) + "\n"
     assert "allocator_slack_mib: 256\n" in config_yaml(cfg) + "\n"
+    cfg["search"]["from_plan"] = True  # searches from before it: false, as they ran
+    assert "from_plan: false\n" in config_yaml(cfg, [old]) + "\n"
+    assert "from_plan: true\n" in config_yaml(cfg, [{**new, "plan_batch": None}]) + "\n"
 
 
 def test_incremental_effects_table_matches_summary(study, tmp_path):

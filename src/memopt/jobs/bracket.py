@@ -97,13 +97,45 @@ def prove_max(
     state: dict | None = None,
     first: int = 1,
     bound: Callable[[dict], int | None] | None = None,
+    guess: int | None = None,
 ) -> dict:
+    """The largest k <= ceiling that fits with k + 1 not fitting (_from_below says how, and
+    what the arguments are), trying first `guess`, a predicted maximum (memopt.plan), then the
+    batch after it: a right prediction is proven in 2 trials. A guess that does not fit caps
+    the search below it; one that is low starts the search from the batch after it."""
+    if guess is None or not 1 <= guess <= ceiling:
+        return _from_below(test, ceiling, limits, state, first, bound)
+    order = []
+
+    def tried(k: int) -> Usage | None:
+        usage = test(k)
+        order.append((k, usage is not None))
+        return usage
+
+    if tried(guess) is None:  # high: the search proves the maximum below it
+        found = _from_below(tried, guess - 1, limits, state, first, bound) if (
+            guess > 1) else {"lo": 0, "hi": None, "first_guess": None}  # fmt: skip
+        hi = guess if found["hi"] is None else found["hi"]
+        return {**found, "hi": hi, "order": order}
+    if guess == ceiling or (after := tried(guess + 1)) is None:
+        return {"lo": guess, "hi": None if guess == ceiling else guess + 1,
+                "first_guess": None, "order": order}  # fmt: skip
+    known = {guess + 1: after}  # low: on from the batch after it, a large first trial
+    found = _from_below(
+        lambda k: known.pop(k) if k in known else tried(k), ceiling, limits, state, guess + 1,
+        bound, large_first=True,
+    )  # fmt: skip
+    return {**found, "order": order}
+
+
+def _from_below(test, ceiling, limits, state, first, bound, large_first=False) -> dict:
     """The largest k <= ceiling with test(k) fitting and test(k + 1) not (or k = ceiling).
 
     `test(k)` -> use per resource, or None when k does not fit; `limits`: what each resource may
     use; `state`: each resource's use before any batch, where known; `first`: the first trial;
     `bound(fits)`: the largest k a limit that the caller predicts exactly allows (the host's
-    pinned memory: memopt.jobs.search), or None.
+    pinned memory: memopt.jobs.search), or None; `large_first`: the first trial is a guess's,
+    already large (the next aims at the line from the state, not at 4 times it).
     Returns lo (the largest fit, 0: none), hi (the smallest miss, None: none up to the ceiling),
     the first prediction from two fits, and the trials in order as (k, fitted).
     """
@@ -136,7 +168,9 @@ def prove_max(
         elif hi is None and exact is not None and exact + 0.5 == crossing and exact > lo:
             aim = exact  # the exactly predicted limit binds: its largest k itself
         elif hi is None:
-            aim, walk, walks = _approach(crossing, lo, len(fits), rel_error, walk, walks)
+            aim, walk, walks = _approach(
+                crossing, lo, len(fits), rel_error, walk, walks, large_first
+            )
         else:
             widths.append(hi - lo)
             aim, walk = _inside(crossing, lo, hi, rel_error, walk, widths)
@@ -153,10 +187,10 @@ def prove_max(
     return {"lo": lo, "hi": hi, "first_guess": first_guess, "order": order}
 
 
-def _approach(crossing: float, lo: int, n_fits: int, rel_error: float, walk: int, walks: int):
+def _approach(crossing, lo, n_fits, rel_error, walk, walks, large_first=False):
     """The next aim while no batch has missed: (aim, walk, walks)."""
     if n_fits == 1 and crossing >= lo + 1:  # the line from the state: safe, and large
-        return max(int(crossing), SMALL_FIRST_AIM * lo), 0, 0
+        return max(int(crossing), lo + 1 if large_first else SMALL_FIRST_AIM * lo), 0, 0
     gap = crossing - lo
     margin = MARGIN * rel_error * gap
     if gap < 1:  # the line says lo is the boundary: is it? Steps of 1, 1, 2, 4, ...

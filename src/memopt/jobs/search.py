@@ -11,8 +11,11 @@ Out of memory, or a peak past that limit, means "does not fit"; any other error 
 Strategy `fit` (the default) aims every trial from what the earlier ones measured: each phase's
 peak memory (forward, backward, optimizer step) and, with offloaded activations, the host's
 pinned memory, each close to linear in the batch (memopt.jobs.bracket says how; at most 8
-trials on the curves its tests draw). Strategy `bisect`: plain doubling, then bisection (about
-2 log2 B trials), kept for comparison. The search's upper bound is the data's and an optional
+trials on the curves its tests draw). On a GPU the first trial is the maximum `memopt plan`
+predicts (search.from_plan; memopt.plan.memory) and the second the batch after it: a right
+prediction is proven in 2 trials (on the synthetic curves of tests/test_bracket.py a low one
+in at most 7, a high one in at most 9: its own trial, then the search below it). Strategy `bisect`: plain doubling, then bisection (about 2 log2 B trials), kept
+for comparison. The search's upper bound is the data's and an optional
 `search.max_batch`, never a round number below memory.
 
 Trials run in this process. A fresh process per trial would cost a Python, torch and CUDA start
@@ -248,6 +251,9 @@ def search_max_batch(
             state.update(dict.fromkeys(PHASES, t["state_mib"]), host=0.0)
         return _usage(t) if t["fits"] else None
 
+    planned = None  # memopt plan's maximum, where it models every knob (a GPU's memory only)
+    if _plans(device) and search["from_plan"] and search["strategy"] == "fit":
+        planned = planned_batch(cfg, spec, data.vocab_size, fit_limit, host_budget, cap)
     if cap < g:
         found = {"lo": 0, "hi": None, "first_guess": None}
     elif search["strategy"] == "fit":
@@ -255,7 +261,8 @@ def search_max_batch(
         # one dynamic-batch graph serves every trial (memopt.runtime.techniques.dynamic_batch).
         first = 2 if spec["compile"] else 1
         bound = None if host_budget is None else partial(_host_bound, trials, g, host_budget, cap)
-        found = prove_max(test, cap // g, limits, state, first, bound)
+        start_at = planned // g if planned else None
+        found = prove_max(test, cap // g, limits, state, first, bound, start_at)
     else:
         found = _bisect_search(test, cap // g)
     free_memory(device)  # the pinned buffers the trials kept too
@@ -283,6 +290,8 @@ def search_max_batch(
         "fit": fit,
         "predicted_batch": guess,
         "prediction_error": None if guess is None or status != "ok" else guess - lo,
+        "plan_batch": planned,
+        "plan_error": None if planned is None or status != "ok" else planned - lo,
         "allocator": cfg["measure"]["cuda_alloc_conf"] if device == "cuda" else None,
         "device": device,
         "n_trials": len(trials),
@@ -291,6 +300,24 @@ def search_max_batch(
     }
     # The GPU leased for the search included.
     return stamp(result, cfg, spec, device, ("model", "train", "measure", "search"))
+
+
+def _plans(device: str) -> bool:
+    """memopt plan models a GPU's memory (CUDA's allocator), not a CPU's tracked tensors."""
+    return device == "cuda"
+
+
+def planned_batch(cfg, spec, vocab, limit_mib, host_budget, cap) -> int | None:
+    """memopt plan's maximum batch (within the cap), or None where it models not every knob."""
+    from memopt.plan.memory import host_max_batch, memory_line, unmodelled
+
+    if unmodelled(spec):
+        return None
+    model = cfg["model"]
+    best = memory_line(model, vocab, spec).max_batch(limit_mib)
+    if host_budget is not None and best > 0:
+        best = host_max_batch(model, spec, host_budget / MIB, best)
+    return min(best, cap) or None
 
 
 def _usage(trial: dict) -> dict:

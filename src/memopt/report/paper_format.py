@@ -136,13 +136,22 @@ def tex_name(value) -> str:
     return tex(value).replace(r"\_", r"\_\allowbreak{}")
 
 
+# Search keys added since some studies ran: the field their searches record, and what the key
+# says for searches without it (they ran as that value would).
+SEARCH_KEYS_SINCE = {
+    "allocator_slack_mib": ("allocator_slack_mib", 0),
+    "from_plan": ("plan_batch", False),
+}
+
+
 def config_yaml(config: dict, searches: list[dict] = ()) -> str:
     """The study config as the paper prints it: YAML in the config's own order, credentials in
-    URLs redacted (memopt.redact), ASCII only (other characters as YAML escapes). Searches
-    recorded before search.allocator_slack_mib existed counted only running out of memory as a
-    miss: for them it says 0, not the default they never used."""
-    if searches and all("allocator_slack_mib" not in s for s in searches) and "search" in config:
-        config = {**config, "search": {**config["search"], "allocator_slack_mib": 0}}
+    URLs redacted (memopt.redact), ASCII only (other characters as YAML escapes). A search key
+    added after the study's searches ran (SEARCH_KEYS_SINCE) says what they ran with, not the
+    default they never used."""
+    for key, (field, before) in SEARCH_KEYS_SINCE.items():
+        if searches and all(field not in s for s in searches) and "search" in config:
+            config = {**config, "search": {**config["search"], key: before}}
     return yaml.safe_dump(redact(config), sort_keys=False, allow_unicode=False).rstrip()
 
 
