@@ -135,43 +135,61 @@ def layer_bytes(model: dict, spec: dict) -> float:
     return 20 * h + 4 * f + 2 * m * h + (6 * a * s if math_kernel else 4 * a)
 
 
-def memory_line(model: dict, vocab: int, spec: dict, cal: dict = CALIBRATION) -> Line:
-    """The predicted peak of one GPU's micro-batch against its size; ValueError for a spec
-    the model does not cover (unmodelled says which knobs)."""
+def terms(model: dict, vocab: int, spec: dict) -> dict:
+    """What memory_line adds up, before the calibrated constants: the class (kind), the bytes a
+    token keeps that the code says (known), the multiplier of the class's calibrated term
+    (per_unit: a workspace in units of d_ff; compile's share of the eager layers), and the fixed
+    MiB (weights, optimizer state, casts, gradients). ValueError for a spec the model does not
+    cover (unmodelled says which knobs)."""
     spec = complete(spec)
     missing = unmodelled(spec)
     if missing:
         raise ValueError(f"no measured point for {', '.join(missing)}")
     kind = _kind(spec)
-    arch = model.get("arch", "gpt2")
-    h, f, L, s = (model[k] for k in ("d_model", "d_ff", "n_layers", "seq_len"))
+    h, f, L = (model[k] for k in ("d_model", "d_ff", "n_layers"))
     m = 1 if model.get("dropout", 0.0) > 0 else 0
     fp32 = spec["precision"] in ("fp32", "tf32")
     layer = layer_bytes(model, spec)
     outside = (8 if fp32 else 6) * h + m * h
     logits = (12 if fp32 else 10) * vocab
-    per_token = {
-        "eager": L * layer + outside + logits,
-        "ckpt": L * 4 * h + outside + logits,
-        "ckpt_chunked": L * 4 * h + outside + 2 * h + layer
-        + cal["ckpt_chunked_workspace"][arch] * f,
-        "offload": layer + cal["offload_workspace"][arch] * f,
-        "compiled": cal["compile_layer_factor"][arch] * L * layer + outside
-        + cal["compile_logits_bytes"] * vocab,
-    }[kind]  # fmt: skip
+    known, per_unit = {
+        "eager": (L * layer + outside + logits, 0.0),
+        "ckpt": (L * 4 * h + outside + logits, 0.0),
+        "ckpt_chunked": (L * 4 * h + outside + 2 * h + layer, f),
+        "offload": (layer, f),
+        "compiled": (outside, L * layer),
+    }[kind]
     params = param_count(model, vocab)
     fixed = {
         "weights": 4 * params / MIB,  # FP32 master weights
         "optimizer_state": OPTIMIZER_BYTES[spec["optimizer"]] * params / MIB,
-        "step": cal["state_mib"],
         # BF16 copies of the matmul weights, kept for the backward pass unless recomputed
         "casts": 0.0 if fp32 or kind not in ("eager", "compiled")
         else 2 * matmul_params(model, vocab) / MIB,
         # offload peaks late in the backward pass, with every gradient there
         "gradients": 4 * params / MIB if kind == "offload" else 0.0,
-        "class": cal["fixed_extra_mib"][kind],
     }  # fmt: skip
-    return Line(sum(fixed.values()), per_token * s / MIB, {**fixed, "per_token_bytes": per_token})
+    return {"kind": kind, "arch": model.get("arch", "gpt2"), "known": known,
+            "per_unit": per_unit, "fixed": fixed}  # fmt: skip
+
+
+CALIBRATED = {"ckpt_chunked": "ckpt_chunked_workspace", "offload": "offload_workspace",
+              "compiled": "compile_layer_factor"}  # fmt: skip
+
+
+def memory_line(model: dict, vocab: int, spec: dict, cal: dict = CALIBRATION) -> Line:
+    """The predicted peak of one GPU's micro-batch against its size (terms, and the
+    calibrated constants `cal`); ValueError for a spec the model does not cover."""
+    t = terms(model, vocab, spec)
+    kind = t["kind"]
+    per_token = t["known"]
+    if kind in CALIBRATED:
+        per_token += cal[CALIBRATED[kind]][t["arch"]] * t["per_unit"]
+    if kind == "compiled":
+        per_token += cal["compile_logits_bytes"] * vocab
+    fixed = {**t["fixed"], "step": cal["state_mib"], "class": cal["fixed_extra_mib"][kind]}
+    return Line(sum(fixed.values()), per_token * model["seq_len"] / MIB,
+                {**fixed, "per_token_bytes": per_token})  # fmt: skip
 
 
 HOST_MARGIN_MIB = 128  # the host model below undercounts measured pinned memory by 0-105 MiB
