@@ -273,17 +273,18 @@ def test_the_host_staircase_of_offloaded_checkpoints():
     assert len(calls) <= 4, found["order"]  # 1, the state line, the bound, one step past it
 
 
-@pytest.mark.parametrize("error", [0.0, -0.01, 0.01, -0.2, 0.2, 1.0])
+@pytest.mark.parametrize("error", [0.0, -0.01, 0.01, 0.03, -0.2, -0.9, -1.0, 0.05, 1.0, 9.0])
 def test_a_prediction_first(error):
     """The search tried first at a predicted maximum (memopt.plan): a right prediction is proven
-    in 2 trials against about 5.5 without it; a low one in at most 7; a high one costs its own
-    trial on top of the search below it (at most 9)."""
+    in 2 trials against about 5.5 without it; one 90% low (or 1) to 3% high in at most 8; a
+    higher one costs two trials (it, and 1/32 below it) on top of the search below (at most
+    10)."""
     with_guess = without = 0
     for kind in KINDS:
         for maximum in MAXIMA:
             for seed in range(4):
                 peak, state = curve(kind, maximum, seed)
-                guess = max(1, round(maximum * (1 + error)))
+                guess = max(1, round(maximum * (1 + error)))  # -1.0: a guess of 1
                 calls = []
 
                 def test(k, peak=peak, calls=calls):
@@ -294,7 +295,8 @@ def test_a_prediction_first(error):
                 lo, hi = found["lo"], found["hi"]
                 assert hi == lo + 1 and peak(hi) > LIMIT and (lo == 0 or peak(lo) <= LIMIT)
                 assert len(calls) == len(found["order"]) == len(set(calls))  # each batch once
-                assert len(calls) <= (2 if error == 0 else 7 if error < 0 else 9), found["order"]
+                assert len(calls) <= (2 if error == 0 else 8 if error <= 0.03 else 10), (
+                    found["order"])  # fmt: skip
                 with_guess += len(calls)
                 without += len(run(peak, state)[1])
     if error == 0:

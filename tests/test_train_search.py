@@ -241,8 +241,9 @@ def test_a_trial_past_the_allocator_slack_is_a_measured_miss(tokens, monkeypatch
 
 def test_the_search_starts_from_the_plan(tokens, monkeypatch):
     """With search.from_plan (on a GPU) the first trial is memopt plan's maximum: a right one is
-    proven in 2 trials, a wrong one still yields the proven maximum; both record the plan and
-    its error. (On a CPU the plan, which models CUDA's memory, is stood in for here.)"""
+    proven in 2 trials, and a third at half of it gives the memory line; a wrong one still
+    yields the proven maximum; both record the plan and its error. (On a CPU the plan, which
+    models CUDA's memory, is stood in for here.)"""
     from memopt.jobs import search
 
     quiet, planned_batch = {"progress": lambda m: None}, search.planned_batch
@@ -250,13 +251,15 @@ def test_the_search_starts_from_the_plan(tokens, monkeypatch):
     best = whole["max_batch"]
     assert whole["plan_batch"] is None and whole["n_trials"] > 2  # no plan on a CPU
     monkeypatch.setattr(search, "_plans", lambda device: True)
-    for planned, trials in ((best, 2), (best + 3, None), (best - 2, None)):
+    for planned, trials in ((best, 3), (best + 3, None), (best - 2, None)):
         monkeypatch.setattr(search, "planned_batch", lambda *a, p=planned: p)
         res = search_max_batch(study(), "baseline", tokens, "cpu", **quiet)
         assert (res["max_batch"], res["first_failing_batch"]) == (best, best + 1)
         assert res["trials"][0]["batch"] == planned and res["plan_batch"] == planned
         assert res["plan_error"] == planned - best
         assert trials is None or res["n_trials"] == trials
+        batches = [t["batch"] for t in res["trials"] if t["fits"]]
+        assert res["fit"] and 2 * min(batches) <= max(batches)  # a line over a factor 2
     cfg = validate_config({**study(), "techniques": {"flash": {"precision": "bf16",
                            "attention": "flash"}}, "baseline": "flash"})  # fmt: skip
     spec, model = cfg["techniques"]["flash"], cfg["model"]

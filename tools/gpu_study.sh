@@ -115,7 +115,8 @@ run_files() {  # one Snakemake call per line of target_files: a map point's tech
   # each cell right after its search (a machine taken back mid-point keeps the pairs: `save`)
   local line
   while read -r line; do
-    smk $line || return 1
+    [ -n "$line" ] || continue
+    smk $line < /dev/null || return 1
   done <<< "$1"
 }
 

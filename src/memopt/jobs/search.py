@@ -13,10 +13,11 @@ peak memory (forward, backward, optimizer step) and, with offloaded activations,
 pinned memory, each close to linear in the batch (memopt.jobs.bracket says how; at most 8
 trials on the curves its tests draw). On a GPU the first trial is the maximum `memopt plan`
 predicts (search.from_plan; memopt.plan.memory) and the second the batch after it: a right
-prediction is proven in 2 trials (on the synthetic curves of tests/test_bracket.py a low one
-in at most 7, a high one in at most 9: its own trial, then the search below it). Strategy `bisect`: plain doubling, then bisection (about 2 log2 B trials), kept
-for comparison. The search's upper bound is the data's and an optional
-`search.max_batch`, never a round number below memory.
+prediction is proven in 2 trials, and a third at half of it gives the memory line (on the
+synthetic curves of tests/test_bracket.py at most 8 from a prediction 90% low to 3% high, 10
+from one higher). Strategy `bisect`: plain doubling, then bisection (about 2 log2 B trials),
+kept for comparison. The search's upper bound is the data's and an optional `search.max_batch`,
+never a round number below memory.
 
 Trials run in this process. A fresh process per trial would cost a Python, torch and CUDA start
 (seconds) for every trial; instead every reference of a trial is dropped and the CUDA cache
@@ -239,7 +240,7 @@ def search_max_batch(
         trials.append(known.get(batch) or _trial(cfg, spec, data, batch, device, fit_limit))
         parallel.save("trials", trials)
         t = trials[-1]
-        if t["out_of_memory"]:
+        if t.get("out_of_memory", not t["fits"]):  # (a trial saved by older code)
             verdict = "out of memory"
         else:
             verdict = f"{'fits' if t['fits'] else 'over the limit'}, peak {t['peak_mib']:,.0f} MiB"
@@ -251,9 +252,10 @@ def search_max_batch(
             state.update(dict.fromkeys(PHASES, t["state_mib"]), host=0.0)
         return _usage(t) if t["fits"] else None
 
-    planned = None  # memopt plan's maximum, where it models every knob (a GPU's memory only)
+    planned = None  # memopt plan's maximum (where it models every knob), as a batch tried
     if _plans(device) and search["from_plan"] and search["strategy"] == "fit":
         planned = planned_batch(cfg, spec, data.vocab_size, fit_limit, host_budget, cap)
+        planned = (planned or 0) // g * g or None
     if cap < g:
         found = {"lo": 0, "hi": None, "first_guess": None}
     elif search["strategy"] == "fit":
@@ -263,6 +265,9 @@ def search_max_batch(
         bound = None if host_budget is None else partial(_host_bound, trials, g, host_budget, cap)
         start_at = planned // g if planned else None
         found = prove_max(test, cap // g, limits, state, first, bound, start_at)
+        spread = [t["batch"] for t in trials if t["fits"]]
+        if start_at and spread and 2 * min(spread) > max(spread) and found["lo"] // 2 >= first:
+            test(found["lo"] // 2)  # one fit at half the maximum: the memory line (_line)
     else:
         found = _bisect_search(test, cap // g)
     free_memory(device)  # the pinned buffers the trials kept too
@@ -329,14 +334,19 @@ def _host_bound(trials: list, g: int, budget: int, cap: int, fits: dict) -> int 
     """The largest k (batches of k * g) whose offloaded tensors stay within the host's pinned
     budget, each charged as memopt.runtime.offload pins it (pieces, the last rounded up to a
     power of two: a staircase no line follows). From the largest fitting trial's tensors,
-    compared with the trial before it: a size both hold as often is fixed; a size both hold,
-    more often in the larger, comes more often with the batch (the chunked loss's chunks); a
-    size only the larger holds grows with the batch (the checkpoints). None before a fit."""
+    compared with a smaller fit's (at most half as large where there is one): a size both hold
+    as often is fixed; a size both hold, more often in the larger, comes more often with the
+    batch (the chunked loss's chunks); a size only the larger holds grows with the batch (the
+    checkpoints). None before a fit."""
     done = sorted((t for t in trials if t["fits"] and t["host_tensors"]), key=lambda t: t["batch"])
     if not done:
         return None
     last = done[-1]
-    before = dict(done[-2]["host_tensors"]) if len(done) > 1 else {}
+    # against a fit at most half as large where there is one: two batches close together hold
+    # the same number of loss chunks, and the chunks would look fixed
+    half = [t for t in done[:-1] if 2 * t["batch"] <= last["batch"]]
+    pair = half[-1] if half else (done[-2] if len(done) > 1 else None)
+    before = dict(pair["host_tensors"]) if pair else {}
     scale = g / last["batch"]
 
     def charged(k: int) -> int:

@@ -65,6 +65,8 @@ MODELLED = {
     "parallel": ("none",),
     "optimizer_in_backward": (False,),
     "compile_memory_budget": (None,),
+    "grad_accum": (1,),  # more: the gradients stay through the next micro-batch
+    "loss_chunk": (4096,),  # the chunked loss's logits scale with it
 }
 OPTIMIZER_BYTES = {"adamw": 8.0, "adamw8bit": 2.04}  # per parameter (8-bit: + block scales)
 
