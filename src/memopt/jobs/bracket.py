@@ -6,7 +6,8 @@ test_bracket.py) as well as run on a GPU (memopt.jobs.search).
 A trial at k (batches are multiples k of the granularity) either fits, and reports what it used
 of each limited resource (the GPU's memory in each phase of the step, and with offloading the
 host's pinned memory), or does not fit (on a GPU also when its allocated peak comes within the
-allocator's slack of the budget, so the limit is one a line predicts: memopt.jobs.search). Each resource's use is close to linear in the batch: on
+allocator's slack of the budget, so the limit is one a line predicts: memopt.jobs.search).
+Each resource's use is close to linear in the batch: on
 the H100 the peaks of the default study's techniques lie on one line from batch 4 up to their
 maximum, to the MiB. A bend comes where the event that sets the peak changes (a fixed cost such
 as the optimizer's step at small batches, the activations at large ones), which is why each

@@ -314,15 +314,12 @@ def _plans(device: str) -> bool:
 
 def planned_batch(cfg, spec, vocab, limit_mib, host_budget, cap) -> int | None:
     """memopt plan's maximum batch (within the cap), or None where it models not every knob."""
-    from memopt.plan.memory import host_max_batch, memory_line, unmodelled
+    from memopt.plan.memory import largest_batch, unmodelled
 
     if unmodelled(spec):
         return None
-    model = cfg["model"]
-    best = memory_line(model, vocab, spec).max_batch(limit_mib)
-    if host_budget is not None and best > 0:
-        best = host_max_batch(model, spec, host_budget / MIB, best)
-    return min(best, cap) or None
+    host = None if host_budget is None else host_budget / MIB
+    return largest_batch(cfg["model"], vocab, spec, limit_mib, host, cap)[0] or None
 
 
 def _usage(trial: dict) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from memopt.plan.memory import CALIBRATED, CALIBRATION, host_max_batch, memory_line, terms
+from memopt.plan.memory import CALIBRATED, CALIBRATION, MIB, largest_batch, terms
 
 # What a search that counted only out-of-memory as a miss (before search.allocator_slack_mib)
 # could use of its budget: near the budget the allocator keeps about this much unallocated.
@@ -40,7 +40,7 @@ def implied(p: dict, cal: dict = CALIBRATION) -> dict:
     if not fit:
         return {}
     out = {"fixed_extra_mib": fit["fixed_mib"] - sum(t["fixed"].values()) - cal["state_mib"]}
-    per_token = fit["per_sample_mib"] * 2**20 / p["model"]["seq_len"]
+    per_token = fit["per_sample_mib"] * MIB / p["model"]["seq_len"]
     if t["kind"] == "compiled":
         per_token -= cal["compile_logits_bytes"] * p["vocab"]
     if t["kind"] in CALIBRATED and t["per_unit"]:
@@ -68,10 +68,8 @@ def calibrate(points: list[dict], base: dict = CALIBRATION) -> dict:
 def predicted_max(p: dict, cal: dict) -> int:
     """The point's maximum batch predicted with `cal`, at its own search's limits and cap."""
     s = p["search"]
-    best = memory_line(p["model"], p["vocab"], s["spec"], cal).max_batch(p["limit"])
-    if s.get("host_budget_mib") and best > 0:
-        best = host_max_batch(p["model"], s["spec"], s["host_budget_mib"], best)
-    return min(best, s["cap"]) if s.get("cap") else best
+    return largest_batch(p["model"], p["vocab"], s["spec"], p["limit"],
+                         s.get("host_budget_mib"), s.get("cap"), cal)[0]  # fmt: skip
 
 
 def leave_one_out(points: list[dict]) -> list[dict]:

@@ -221,3 +221,17 @@ def host_max_batch(model: dict, spec: dict, budget_mib: float, upper: int) -> in
         fits = host_pinned_mib(model, spec, mid) + HOST_MARGIN_MIB <= budget_mib
         lo, hi = (mid, hi) if fits else (lo, mid)
     return lo
+
+
+def largest_batch(model, vocab, spec, limit_mib, host_mib=None, cap=None, cal=CALIBRATION):
+    """(the largest batch, what binds it: "gpu", "host" or "cap", the Line): within limit_mib of
+    GPU memory, host_mib of pinned host memory for an offloaded technique (None: not checked)
+    and the cap (None: none)."""
+    line = memory_line(model, vocab, spec, cal)
+    best, bound = line.max_batch(limit_mib), "gpu"
+    if complete(spec)["offload"] != "none" and host_mib is not None and best > 0:
+        host = host_max_batch(model, spec, host_mib, best)
+        best, bound = (host, "host") if host < best else (best, bound)
+    if cap is not None and best > cap:
+        best, bound = cap, "cap"
+    return best, bound, line

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from memopt.errors import MemoptError
-from memopt.plan.memory import MIB, host_max_batch, memory_line, unmodelled
+from memopt.plan.memory import MIB, largest_batch, unmodelled
 
 # What a GPU of that name reports (nvidia-smi, MiB).
 GPUS = {"H100-80GB": 81_559, "H200": 143_771}
@@ -52,14 +52,9 @@ def plan(cfg: dict, total_mib: float, vocab: int, host_mib: float | None = None)
     for name, spec in cfg["techniques"].items():
         row = {"technique": name, "missing": unmodelled(spec)}
         if not row["missing"]:
-            line = memory_line(model, vocab, spec)
-            best, bound = line.max_batch(limit), "gpu"
-            if spec["offload"] != "none" and host_mib is not None and best > 0:
-                host = host_max_batch(model, spec, host_mib, best)
-                best, bound = (host, "host") if host < best else (best, bound)
-            cap = search["max_batch"]
-            if cap is not None and best > cap:
-                best, bound = cap, "cap"
+            best, bound, line = largest_batch(
+                model, vocab, spec, limit, host_mib, search["max_batch"]
+            )
             row.update(line=line, max_batch=best, tokens=best * model["seq_len"], bound=bound)
         rows.append(row)
     return {"limit_mib": limit, "total_mib": total_mib, "rows": rows}
