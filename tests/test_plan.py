@@ -100,7 +100,7 @@ def test_plan_follows_the_budget_the_search_would_have(tmp_path, capsys):
     main(["plan", "--config", str(tmp_path / "c.yaml"), "--gpu-memory", "40GiB"])
     out = capsys.readouterr().out
     assert "| fp8 | not predicted: no measured point for precision=fp8" in out
-    assert "| baseline | 1,330 |" in out
+    assert "| baseline | 1,329.6 | 1,551.75 |" in out
     with pytest.raises(SystemExit):
         main(["plan", "--config", str(tmp_path / "c.yaml"), "--gpu-memory", "1GiB"])
     assert "leaves nothing to train in" in capsys.readouterr().err
@@ -114,8 +114,9 @@ def test_the_leave_one_out_tool_on_the_published_studies(tmp_path):
     import sys
 
     out = tmp_path / "loo.md"
-    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--out", str(out),
+                           "--map-state", "none"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| h")]
     assert len(rows) == 23  # 8 + 8 + 7 searches
@@ -137,3 +138,92 @@ def test_calibration_recovers_the_shipped_constants():
     assert cal["compile_layer_factor"]["gpt2"] == pytest.approx(1.00, abs=0.01)
     assert cal["ckpt_chunked_workspace"]["gpt2"] == pytest.approx(0.26, abs=0.01)
     assert cal["fixed_extra_mib"]["eager"] == pytest.approx(0.0, abs=15)
+
+
+def test_the_cpu_model_predicts_the_smoke_studys_searches():
+    """config/smoke.yaml's searches on this machine's CPU (64 MiB of tracked tensors, dropout
+    0.1, 2 cores, torch 2.13): baseline and tf32 42, bf16 53, flash (PyTorch's CPU flash
+    kernel) 56, local16 53, gradcp 76 sequences. On a CPU dropout keeps typed masks, BF16 math
+    attention a BF16 softmax and the loss three FP32 logits (memopt.plan.memory); with CUDA's
+    rules the maxima would be off by up to 8 sequences."""
+    cfg = validate_config(yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text()))
+    measured = {"baseline": 42, "tf32": 42, "bf16": 53, "flash": 56, "local16": 53, "gradcp": 76}
+    rows = {r["technique"]: r for r in plan(cfg, None, 1000)["rows"]}
+    assert {k: rows[k]["max_batch"] for k in measured} == measured
+    assert rows["lean"]["missing"] == ["loss_chunk=16"]
+    model = cfg["model"]
+    cuda = {k: memory_line(model, 1000, cfg["techniques"][k]).max_batch(64) for k in measured}
+    assert max(abs(cuda[k] - measured[k]) for k in measured) >= 5
+    assert rows["flash"]["line"].kind == "eager" and "speed" in rows["flash"]
+
+
+def test_tokens_per_second_from_the_nearest_measured_cell():
+    """A configuration no cell measured (GPT-2 110M at 2,048 tokens, flash, on an H100) leans on
+    the nearest cell of its knobs on that GPU; its tokens/s is that cell's model FLOP/s over its
+    own FLOPs a token, inside the interval. A GPU or knobs with no cell: no prediction."""
+    from memopt.plan import speed
+    from memopt.runtime.flops import flops_per_token
+
+    points = speed.load_points()
+    assert len(points) >= 50
+    gpt2 = {"n_layers": 12, "d_model": 768, "n_heads": 12, "d_ff": 3072, "seq_len": 2048,
+            "dropout": 0.0}  # fmt: skip
+    flash = {"precision": "bf16", "attention": "flash"}
+    h100 = "NVIDIA H100 80GB HBM3"
+    got = speed.predict(points, gpt2, 32_000, flash, 60, h100)
+    q = next(p for p in points if p["where"] == got["leans_on"])
+    assert q["gpu"] == h100 and q["key"] == speed.speed_key(flash) and q["seq_len"] in (1024, 4096)
+    assert got["tokens_per_s"] == pytest.approx(
+        q["model_flops_per_s"] / flops_per_token(gpt2, 32_000, None)
+    )
+    assert got["low"] < got["tokens_per_s"] < got["high"]
+    assert speed.predict(points, gpt2, 32_000, flash, 60, "NVIDIA A100-SXM4-80GB") is None
+    assert speed.predict(points, gpt2, 32_000, {**flash, "optimizer": "sgd"}, 60, h100) is None
+
+
+def test_the_speed_interval_is_the_leave_one_out_spread():
+    """Each configuration predicted from the others (its replicas left out with it): the
+    interval's factors are the 10th and 90th percentiles of measured over predicted."""
+    from memopt.plan import speed
+
+    points = speed.load_points()
+    pairs = speed.leave_one_out(points)
+    assert all(p["config"] != q["config"] for p, q in pairs)
+    ratios = sorted(speed.ratio(p, q) for p, q in pairs)
+    low, high = speed.band(points)
+    inside = sum(low <= r <= high for r in ratios) / len(ratios)
+    assert 0.75 <= inside <= 0.85 and low < 1 < high
+
+
+def test_the_shipped_speed_points_are_the_studies_cells(tmp_path):
+    """src/memopt/plan/speed_points.json is what tools/plan_check.py --write-points derives from
+    the published studies and the map's saved state, not numbers typed in."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "points.json"
+    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--write-points", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shipped = ROOT / "src" / "memopt" / "plan" / "speed_points.json"
+    assert json.loads(out.read_text()) == json.loads(shipped.read_text())
+
+
+def test_the_readmes_prediction_table_is_the_tools(tmp_path):
+    """The README's leave-one-out table is what tools/plan_check.py --summary prints for the
+    published studies and the map's saved state, and its figure is drawn."""
+    import subprocess
+    import sys
+
+    summary, png = tmp_path / "summary.md", tmp_path / "residuals.png"
+    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--summary", str(summary),
+                           "--figure", str(png)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- plan_check summary -->")[1].split("<!-- /plan_check summary -->")[0]
+    assert block.strip() == summary.read_text().strip()
+    rows = [r for r in block.strip().splitlines()[2:]]
+    assert [r.split(" | ")[0] for r in rows] == ["| maximum batch", "| peak at half the maximum "
+                                                 "or more"] * 2 + ["| tokens/s"]  # fmt: skip
+    assert png.stat().st_size > 10_000 and (ROOT / "docs/figures/plan_check.png").exists()

@@ -167,6 +167,7 @@ def test_flops_per_token_by_hand():
 def test_search_granularity_and_strategies_agree(tokens):
     cfg = study()
     cfg["search"]["cpu_memory_budget_gib"] = 4 / 1024  # smaller batches: a quicker test
+    cfg["search"]["from_plan"] = False  # the fit strategy's own aim, from batch 1
     fit = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
     cfg["search"]["strategy"] = "bisect"
     bisect = search_max_batch(cfg, "baseline", tokens, "cpu", lambda m: None)
@@ -240,17 +241,23 @@ def test_a_trial_past_the_allocator_slack_is_a_measured_miss(tokens, monkeypatch
 
 
 def test_the_search_starts_from_the_plan(tokens, monkeypatch):
-    """With search.from_plan (on a GPU) the first trial is memopt plan's maximum: a right one is
-    proven in 2 trials, and a third at half of it gives the memory line; a wrong one still
-    yields the proven maximum; both record the plan and its error. (On a CPU the plan, which
-    models CUDA's memory, is stood in for here.)"""
+    """With search.from_plan the first trial is memopt plan's maximum, which on a CPU models the
+    tracked tensors: here it is right, so the search proves it in 3 trials (the maximum, the
+    batch after it, half of it for the line) where the search from batch 1 needs more. A wrong
+    plan still yields the proven maximum; both record the plan and its error."""
     from memopt.jobs import search
 
     quiet, planned_batch = {"progress": lambda m: None}, search.planned_batch
-    whole = search_max_batch(study(), "baseline", tokens, "cpu", **quiet)
+    flash = {"flash": {"precision": "bf16", "attention": "auto"}}  # CPU: PyTorch's flash kernel
+    off = study(**flash)
+    off["search"]["from_plan"] = False
+    whole = search_max_batch(off, "flash", tokens, "cpu", **quiet)
     best = whole["max_batch"]
-    assert whole["plan_batch"] is None and whole["n_trials"] > 2  # no plan on a CPU
-    monkeypatch.setattr(search, "_plans", lambda device: True)
+    assert whole["plan_batch"] is None and whole["n_trials"] == 5  # 1, 32, 37, 41, 42
+    planned = search_max_batch(study(**flash), "flash", tokens, "cpu", **quiet)
+    assert (planned["plan_batch"], planned["plan_error"], planned["max_batch"]) == (best, 0, best)
+    assert [t["batch"] for t in planned["trials"]] == [best, best + 1, best // 2]
+    best = search_max_batch(study(), "baseline", tokens, "cpu", **quiet)["max_batch"]
     for planned, trials in ((best, 3), (best + 3, None), (best - 2, None)):
         monkeypatch.setattr(search, "planned_batch", lambda *a, p=planned: p)
         res = search_max_batch(study(), "baseline", tokens, "cpu", **quiet)

@@ -66,6 +66,26 @@ def test_smoke_study_from_a_mirror_directory(smoke):
     assert seconds < 600
 
 
+def test_the_smoke_searches_start_from_the_plan(smoke):
+    """On the CPU the search's first trial is memopt plan's maximum for the tracked tensors
+    (memopt.plan.memory, device cpu): off by at most one sequence for every technique it
+    models, so each search proves its maximum in at most 4 trials; `lean` (loss_chunk 16, no
+    measured point) searches from batch 1. `memopt plan --cpu` prints the same maxima."""
+    wd = smoke[0]
+    searches = {p.stem: json.loads(p.read_text()) for p in (wd / "results/search").glob("*.json")}
+    assert searches["lean"]["plan_batch"] is None
+    for name, s in searches.items():
+        if name != "lean":
+            assert abs(s["plan_error"]) <= 1 and s["n_trials"] <= 4, (name, s["plan_error"])
+    proc = subprocess.run([sys.executable, "-m", "memopt.run.cli", "plan", "--config", "study.yaml",
+                           "--cpu"], cwd=wd, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for name, s in searches.items():
+        row = next(r for r in proc.stdout.splitlines() if r.startswith(f"| {name} |"))
+        assert (name == "lean") == ("not predicted" in row)
+        assert name == "lean" or f"| {s['plan_batch']:,} |" in row
+
+
 def test_second_run_does_nothing(smoke):
     assert planned(smoke[0]) == {}
 

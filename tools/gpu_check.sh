@@ -3,7 +3,8 @@
 # benchmark of the default model (bench; BENCH_ARGS picks techniques and batches, default: all at
 # batch 16), the batch-size search benchmark and checks (search), the smoke study end to end on
 # CUDA through Snakemake (smoke); on request only, the exactness noise floor (floor:
-# tools/bench_floor.py on the default study's data, for exactness.floor_factor).
+# tools/bench_floor.py on the default study's data, for exactness.floor_factor; plan: memopt plan
+# against real searches at a configuration no study measured).
 # Everything worth keeping goes under $OUT (the device tool brings it back).
 #
 # On the device machine (see the device tool's README), from the repository root:
@@ -48,6 +49,35 @@ if [[ " $stages " == *" floor "* ]]; then  # not in the default list: bash tools
     > "$OUT/floor-data.log" 2>&1 || { tail -20 "$OUT/floor-data.log"; exit 1; }
   # FLOOR_ARGS, e.g. "--only flash compiled local128 --factors 2 3"
   python3 tools/bench_floor.py --out "$OUT/floor.json" ${FLOOR_ARGS:-} 2>&1 | grep -v "step/s" | tee "$OUT/floor.txt"
+fi
+if [[ " $stages " == *" plan "* ]]; then  # not in the default list: bash tools/gpu_check.sh plan
+  # memopt plan against real searches at a configuration no study measured: config/map.yaml's
+  # model PLAN_MODEL at PLAN_SEQ tokens under a PLAN_GIB budget (default: llama_360m, 8,192,
+  # 40 GiB), techniques PLAN_TECHNIQUES; each search starts from the plan and records it
+  # (plan_batch, plan_error). The map's data: eltec_pol_corpus from .corpus, its tokenizer.
+  echo "== memopt plan against searches"
+  mkdir -p "$OUT/plan"
+  python3 - "$OUT/plan/config.yaml" <<'PY' || exit 1
+import os, sys, yaml
+c = yaml.safe_load(open("config/map.yaml"))
+model = os.environ.get("PLAN_MODEL", "llama_360m")
+c["model"] = {**c["model"], **c["map"]["models"][model], "seq_len": int(os.environ.get("PLAN_SEQ", 8192))}
+c["map"], c["study"] = None, "plan_check"
+c["corpus"] = {**c["corpus"], "source": "mirror", "mirror": ".corpus", "dataset": "eltec_pol_corpus"}
+c["search"]["memory_budget_gib"] = float(os.environ.get("PLAN_GIB", 40))
+keep = os.environ.get("PLAN_TECHNIQUES", "flash ckpt_chunked compiled").split()
+c["techniques"] = {k: v for k, v in c["techniques"].items() if k in keep}
+c["baseline"] = keep[0]
+yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)
+PY
+  python3 -m snakemake --cores all data/tokens/meta.json --configfile "$OUT/plan/config.yaml" \
+    > "$OUT/plan/data.log" 2>&1 || { tail -20 "$OUT/plan/data.log"; exit 1; }
+  python3 -m memopt.run.cli plan --config "$OUT/plan/config.yaml" --gpu-memory H100-80GB | tee "$OUT/plan/plan.md"
+  for t in ${PLAN_TECHNIQUES:-flash ckpt_chunked compiled}; do
+    python3 -m memopt.run.cli search "$t" --config "$OUT/plan/config.yaml" --out "$OUT/plan/$t.json" --force 2>&1 \
+      | grep -v "step/s" | tee "$OUT/plan/$t.log" | tail -1
+    python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(sys.argv[2], 'plan', s['plan_batch'], 'proven', s['max_batch'], 'error', s['plan_error'], 'trials', s['n_trials'], 'budget MiB', round(s['budget_mib']))" "$OUT/plan/$t.json" "$t"
+  done
 fi
 [[ " $stages " == *" smoke "* ]] || exit 0
 echo "== smoke study on CUDA (its profile: runs/smoke/)"

@@ -11,7 +11,7 @@ Out of memory, or a peak past that limit, means "does not fit"; any other error 
 Strategy `fit` (the default) aims every trial from what the earlier ones measured: each phase's
 peak memory (forward, backward, optimizer step) and, with offloaded activations, the host's
 pinned memory, each close to linear in the batch (memopt.jobs.bracket says how; at most 8
-trials on the curves its tests draw). On a GPU the first trial is the maximum `memopt plan`
+trials on the curves its tests draw). The first trial is the maximum `memopt plan`
 predicts (search.from_plan; memopt.plan.memory) and the second the batch after it: a right
 prediction is proven in 2 trials, and a third at half of it gives the memory line (on the
 synthetic curves of tests/test_bracket.py at most 8 from a prediction 90% low to 3% high, 10
@@ -253,8 +253,8 @@ def search_max_batch(
         return _usage(t) if t["fits"] else None
 
     planned = None  # memopt plan's maximum (where it models every knob), as a batch tried
-    if _plans(device) and search["from_plan"] and search["strategy"] == "fit":
-        planned = planned_batch(cfg, spec, data.vocab_size, fit_limit, host_budget, cap)
+    if search["from_plan"] and search["strategy"] == "fit":
+        planned = planned_batch(cfg, spec, data.vocab_size, fit_limit, host_budget, cap, device)
         planned = (planned or 0) // g * g or None
     if cap < g:
         found = {"lo": 0, "hi": None, "first_guess": None}
@@ -307,19 +307,16 @@ def search_max_batch(
     return stamp(result, cfg, spec, device, ("model", "train", "measure", "search"))
 
 
-def _plans(device: str) -> bool:
-    """memopt plan models a GPU's memory (CUDA's allocator), not a CPU's tracked tensors."""
-    return device == "cuda"
+def planned_batch(cfg, spec, vocab, limit_mib, host_budget, cap, device="cuda") -> int | None:
+    """memopt plan's maximum batch (within the cap) on `device` (a GPU's allocator, or a CPU's
+    tracked tensors), or None where it models not every knob."""
+    from memopt.plan.memory import CALIBRATION, largest_batch, unmodelled
 
-
-def planned_batch(cfg, spec, vocab, limit_mib, host_budget, cap) -> int | None:
-    """memopt plan's maximum batch (within the cap), or None where it models not every knob."""
-    from memopt.plan.memory import largest_batch, unmodelled
-
-    if unmodelled(spec):
+    if unmodelled(spec, device):
         return None
     host = None if host_budget is None else host_budget / MIB
-    return largest_batch(cfg["model"], vocab, spec, limit_mib, host, cap)[0] or None
+    return largest_batch(cfg["model"], vocab, spec, limit_mib, host, cap, CALIBRATION,
+                         device)[0] or None  # fmt: skip
 
 
 def _usage(trial: dict) -> dict:

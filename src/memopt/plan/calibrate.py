@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from memopt.plan.memory import CALIBRATED, CALIBRATION, MIB, largest_batch, terms
+from memopt.plan.memory import CALIBRATED, CALIBRATION, MIB, largest_batch, memory_line, terms
 
 # What a search that counted only out-of-memory as a miss (before search.allocator_slack_mib)
 # could use of its budget: near the budget the allocator keeps about this much unallocated.
@@ -73,13 +73,18 @@ def predicted_max(p: dict, cal: dict) -> int:
 
 
 def leave_one_out(points: list[dict]) -> list[dict]:
-    """Per point: its maximum predicted from the others' constants, against the measured one."""
+    """Per point: its maximum predicted from the others' constants, against the measured one,
+    and the peaks of its fitting trials, predicted with the same constants at their batches
+    (peaks: (batch, measured MiB, predicted MiB) each)."""
     rows = []
     for p in points:
         cal = calibrate([q for q in points if q["key"] != p["key"]])
         measured, predicted = p["search"]["max_batch"], predicted_max(p, cal)
+        line = memory_line(p["model"], p["vocab"], p["search"]["spec"], cal)
+        peaks = [(t["batch"], t["peak_mib"], line.at(t["batch"])) for t in p["search"]["trials"]
+                 if t["fits"] and t.get("peak_mib")]  # fmt: skip
         rows.append({"technique": p["search"]["technique"], "kind": p["terms"]["kind"],
                      "status": p["search"]["status"], "measured": measured,
-                     "predicted": predicted,
+                     "predicted": predicted, "peaks": peaks,
                      "error": (predicted - measured) / measured if measured else None})  # fmt: skip
     return rows

@@ -24,6 +24,13 @@ searches; the fixed part is the FP32 master weights (4 bytes a parameter), the o
 
 The peak is a line in the batch; the largest batch under a budget is where it crosses the
 budget less the search's allocator slack (memopt.jobs.search).
+
+On a CPU the search counts tracked tensors (memopt.runtime.measure), and three things differ
+from CUDA (measured on the smoke model, at 2 and 4 layers and 32 and 64 tokens): dropout keeps
+its mask in the dropped tensor's type, not as bools (the FP32 embeddings', the BF16 residual
+branches' under autocast); BF16 math attention's softmax runs in BF16 (2as, not 6as); and the
+loss holds three FP32 copies of the logits in BF16 as well (12V). The step's CUDA state and the
+classes' fixed extras do not exist there.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class Line:
     fixed_mib: float
     per_sequence_mib: float
     parts: dict = field(default_factory=dict)  # MiB: the fixed part's terms, per sequence's
+    kind: str = "eager"  # the measured class (terms)
 
     def at(self, batch: int) -> float:
         return self.fixed_mib + self.per_sequence_mib * batch
@@ -93,10 +101,28 @@ def complete(spec: dict) -> dict:
     return {k: defaults()[k] if v is None and k in defaults() else v for k, v in full.items()}
 
 
-def unmodelled(spec: dict) -> list[str]:
+def kernel(spec: dict, device: str = "cuda") -> str:
+    """The attention kernel `spec` runs on `device`, as memopt.runtime.attention.resolve_kernel
+    turns `auto` into one, by what it keeps: flash-attn's and cuDNN's kernels keep what PyTorch's
+    flash kernel keeps (the output and a log-sum-exp a row), so they count as `flash`."""
+    spec = complete(spec)
+    if spec["attention"] != "auto":
+        return spec["attention"]
+    if device != "cuda":
+        return "math" if spec["window"] is not None else "flash"
+    if spec["window"] is not None:
+        return "flex"
+    return "flash" if spec["precision"] in ("bf16", "fp16") else "efficient"
+
+
+def unmodelled(spec: dict, device: str = "cuda") -> list[str]:
     """The knob settings of `spec` the model has no measured point for ("key=value")."""
     spec = complete(spec)
-    out = [f"{k}={spec.get(k)}" for k, allowed in MODELLED.items() if spec.get(k) not in allowed]
+    out = [f"{k}={spec.get(k)}" for k, allowed in MODELLED.items() if spec.get(k) not in allowed
+           and k != "attention"]  # fmt: skip
+    if kernel(spec, device) not in MODELLED["attention"]:
+        auto = f" ({kernel(spec, device)} on {device})" if spec["attention"] == "auto" else ""
+        out.insert(1, f"attention={spec['attention']}{auto}")
     kind = _kind(spec)
     if kind is None:
         out.append(
@@ -120,40 +146,53 @@ def _kind(spec: dict) -> str | None:
     return None if chunked else "eager"
 
 
-def layer_bytes(model: dict, spec: dict) -> float:
+def mask_bytes(model: dict, spec: dict, device: str, branch: bool) -> int:
+    """Bytes a dropout mask keeps per element: CUDA's fused dropout keeps a bool mask; on a CPU
+    PyTorch multiplies by a mask of the input's type, FP32 for the embeddings and the residual
+    branches' type (BF16 under autocast) in the blocks (branch); 0 without dropout."""
+    if model.get("dropout", 0.0) <= 0:
+        return 0
+    if device == "cuda":
+        return 1
+    return 4 if not branch or spec["precision"] in ("fp32", "tf32") else 2
+
+
+def layer_bytes(model: dict, spec: dict, device: str = "cuda") -> float:
     """Bytes a layer keeps per token for the backward pass (the module docstring's table)."""
     h, f, a, s = (model[k] for k in ("d_model", "d_ff", "n_heads", "seq_len"))
-    m = 1 if model.get("dropout", 0.0) > 0 else 0
+    m = mask_bytes(model, spec, device, branch=True)
     kvd = (model.get("n_kv_heads") or a) * (h // a)
     fp32 = spec["precision"] in ("fp32", "tf32")
-    math_kernel = spec["attention"] == "math"
+    math_kernel = kernel(spec, device) == "math"
+    # BF16 math attention's softmax: FP32 under CUDA's autocast (kept, and its BF16 cast), BF16
+    # under the CPU's
+    soft = 6 if device == "cuda" else 2
     if model.get("arch", "gpt2") == "llama":
         if fp32:
             return 32 * h + 16 * f + 2 * m * h + 4 * a * s
         core = 22 * h + 2 * kvd if math_kernel else 20 * h + 6 * kvd
-        return core + 8 * f + 2 * m * h + (6 * a * s if math_kernel else 4 * a)
+        return core + 8 * f + 2 * m * h + (soft * a * s if math_kernel else 4 * a)
     if fp32:
         return 32 * h + 8 * f + 2 * m * h + 4 * a * s
-    return 20 * h + 4 * f + 2 * m * h + (6 * a * s if math_kernel else 4 * a)
+    return 20 * h + 4 * f + 2 * m * h + (soft * a * s if math_kernel else 4 * a)
 
 
-def terms(model: dict, vocab: int, spec: dict) -> dict:
+def terms(model: dict, vocab: int, spec: dict, device: str = "cuda") -> dict:
     """What memory_line adds up, before the calibrated constants: the class (kind), the bytes a
     token keeps that the code says (known), the multiplier of the class's calibrated term
     (per_unit: a workspace in units of d_ff; compile's share of the eager layers), and the fixed
     MiB (weights, optimizer state, casts, gradients). ValueError for a spec the model does not
     cover (unmodelled says which knobs)."""
     spec = complete(spec)
-    missing = unmodelled(spec)
+    missing = unmodelled(spec, device)
     if missing:
         raise ValueError(f"no measured point for {', '.join(missing)}")
     kind = _kind(spec)
     h, f, L = (model[k] for k in ("d_model", "d_ff", "n_layers"))
-    m = 1 if model.get("dropout", 0.0) > 0 else 0
     fp32 = spec["precision"] in ("fp32", "tf32")
-    layer = layer_bytes(model, spec)
-    outside = (8 if fp32 else 6) * h + m * h
-    logits = (12 if fp32 else 10) * vocab
+    layer = layer_bytes(model, spec, device)
+    outside = (8 if fp32 else 6) * h + mask_bytes(model, spec, device, branch=False) * h
+    logits = (12 if fp32 or device != "cuda" else 10) * vocab  # the CPU's: three FP32 copies
     known, per_unit = {
         "eager": (L * layer + outside + logits, 0.0),
         "ckpt": (L * 4 * h + outside + logits, 0.0),
@@ -172,26 +211,31 @@ def terms(model: dict, vocab: int, spec: dict) -> dict:
         "gradients": 4 * params / MIB if kind == "offload" else 0.0,
     }  # fmt: skip
     return {"kind": kind, "arch": model.get("arch", "gpt2"), "known": known,
-            "per_unit": per_unit, "fixed": fixed}  # fmt: skip
+            "per_unit": per_unit, "fixed": fixed, "device": device}  # fmt: skip
 
 
 CALIBRATED = {"ckpt_chunked": "ckpt_chunked_workspace", "offload": "offload_workspace",
               "compiled": "compile_layer_factor"}  # fmt: skip
 
 
-def memory_line(model: dict, vocab: int, spec: dict, cal: dict = CALIBRATION) -> Line:
+def memory_line(model: dict, vocab: int, spec: dict, cal: dict = CALIBRATION,
+                device: str = "cuda") -> Line:  # fmt: skip
     """The predicted peak of one GPU's micro-batch against its size (terms, and the
-    calibrated constants `cal`); ValueError for a spec the model does not cover."""
-    t = terms(model, vocab, spec)
+    calibrated constants `cal`); ValueError for a spec the model does not cover. On a CPU
+    (memopt.runtime.measure's tracked tensors) the step's CUDA state and the classes' fixed
+    extras are not there."""
+    t = terms(model, vocab, spec, device)
     kind = t["kind"]
     per_token = t["known"]
     if kind in CALIBRATED:
         per_token += cal[CALIBRATED[kind]][t["arch"]] * t["per_unit"]
     if kind == "compiled":
         per_token += cal["compile_logits_bytes"] * vocab
-    fixed = {**t["fixed"], "step": cal["state_mib"], "class": cal["fixed_extra_mib"][kind]}
+    cuda = device == "cuda"
+    fixed = {**t["fixed"], "step": cal["state_mib"] if cuda else 0.0,
+             "class": cal["fixed_extra_mib"][kind] if cuda else 0.0}  # fmt: skip
     return Line(sum(fixed.values()), per_token * model["seq_len"] / MIB,
-                {**fixed, "per_token_bytes": per_token})  # fmt: skip
+                {**fixed, "per_token_bytes": per_token}, kind)  # fmt: skip
 
 
 HOST_MARGIN_MIB = 128  # the host model below undercounts measured pinned memory by 0-105 MiB
@@ -223,11 +267,12 @@ def host_max_batch(model: dict, spec: dict, budget_mib: float, upper: int) -> in
     return lo
 
 
-def largest_batch(model, vocab, spec, limit_mib, host_mib=None, cap=None, cal=CALIBRATION):
+def largest_batch(model, vocab, spec, limit_mib, host_mib=None, cap=None, cal=CALIBRATION,
+                  device="cuda"):  # fmt: skip
     """(the largest batch, what binds it: "gpu", "host" or "cap", the Line): within limit_mib of
     GPU memory, host_mib of pinned host memory for an offloaded technique (None: not checked)
     and the cap (None: none)."""
-    line = memory_line(model, vocab, spec, cal)
+    line = memory_line(model, vocab, spec, cal, device)
     best, bound = line.max_batch(limit_mib), "gpu"
     if complete(spec)["offload"] != "none" and host_mib is not None and best > 0:
         host = host_max_batch(model, spec, host_mib, best)

@@ -31,17 +31,22 @@ def cmd_validate(args) -> None:
 
 
 def cmd_plan(args) -> None:
-    from memopt.plan.report import format_plan, gpu_memory_mib, plan
+    from memopt.errors import MemoptError
+    from memopt.plan.report import GPUS, format_plan, gpu_memory_mib, plan
 
     study = _study(args)
-    total = gpu_memory_mib(args.gpu_memory)
+    if (args.gpu_memory is None) == (not args.cpu):
+        raise MemoptError("memopt plan: give --gpu-memory SIZE (a GPU) or --cpu (a CPU search), "
+                          "one of them")  # fmt: skip
+    total = gpu_memory_mib(args.gpu_memory) if args.gpu_memory else None
     host = None
     if args.host_memory:  # what offloading may pin: memopt.runtime.offload's share of the host
         from memopt.runtime.offload import HOST_FRACTION
 
         host = HOST_FRACTION * gpu_memory_mib(args.host_memory) / args.gpus_per_host
     vocab = study["tokenizer"]["vocab_size"]
-    print(format_plan(plan(study, total, vocab, host), args.batch))
+    gpu = args.speed_gpu or (args.gpu_memory if args.gpu_memory in GPUS else "H100-80GB")
+    print(format_plan(plan(study, total, vocab, host, gpu), args.batch))
     print(
         f"\n{study['model'].get('arch', 'gpt2')} model, {study['model']['seq_len']:,} tokens a "
         f"sequence, vocabulary {vocab:,}; a prediction, not a measurement: `memopt search` proves "
@@ -285,8 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_config(sp)
     sp.add_argument(
-        "--gpu-memory", required=True,
+        "--gpu-memory", default=None,
         help="the GPU's memory: a size (24GiB, 40GB, 81559MiB) or a name (H100-80GB, H200)",
+    )  # fmt: skip
+    sp.add_argument(
+        "--cpu", action="store_true",
+        help="predict a CPU search instead (its search.cpu_memory_budget_gib of tensors)",
     )  # fmt: skip
     sp.add_argument("--batch", type=_positive_int, default=8, help="the batch of the peak column")
     sp.add_argument(
@@ -295,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
         "None: not checked",
     )  # fmt: skip
     sp.add_argument("--gpus-per-host", type=_positive_int, default=1, help="GPUs sharing it")
+    sp.add_argument(
+        "--speed-gpu", choices=("H100-80GB", "H200"), default=None,
+        help="whose measured cells predict tokens/s (default: the --gpu-memory name, else "
+        "H100-80GB)",
+    )  # fmt: skip
     sp = add("paper", cmd_paper, "aggregate a results folder and render the paper (no GPU needed)")
     add_config(sp)
     sp.add_argument("--results", default="results", help="folder with cells/ and search/")
