@@ -77,6 +77,10 @@ PY
     python3 -m memopt.run.cli search "$t" --config "$OUT/plan/config.yaml" --out "$OUT/plan/$t.json" --force 2>&1 \
       | grep -v "step/s" | tee "$OUT/plan/$t.log" | tail -1
     python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(sys.argv[2], 'plan', s['plan_batch'], 'proven', s['max_batch'], 'error', s['plan_error'], 'trials', s['n_trials'], 'budget MiB', round(s['budget_mib']))" "$OUT/plan/$t.json" "$t"
+    # the tokens/s at the proven maximum, against the plan's (a cell at a search's max)
+    python3 -m memopt.run.cli cell "$t" max --config "$OUT/plan/config.yaml" --search-dir "$OUT/plan" \
+      --out "$OUT/plan/cell-$t.json" --force > "$OUT/plan/cell-$t.log" 2>&1 || tail -5 "$OUT/plan/cell-$t.log"
+    python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(sys.argv[2], 'cell at', c['batch_size'], c['status'], 'tokens/s', round(c['tokens_per_s'] or 0))" "$OUT/plan/cell-$t.json" "$t"
   done
 fi
 [[ " $stages " == *" smoke "* ]] || exit 0
