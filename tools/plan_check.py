@@ -29,7 +29,7 @@ from memopt.config import validate_config  # noqa: E402
 from memopt.map_points import map_points  # noqa: E402
 from memopt.plan.calibrate import leave_one_out as memory_loo  # noqa: E402
 from memopt.plan.calibrate import point  # noqa: E402
-from memopt.plan.speed import band, leave_one_out, ratio, speed_point  # noqa: E402
+from memopt.plan.speed import leave_one_out, ratio, speed_point  # noqa: E402
 
 STUDIES = ("h100-default", "h200-default", "h100-protocol-v2")
 SPEED_STUDIES = (*STUDIES, "h200x2-parallel")  # its single-GPU cells
@@ -63,28 +63,23 @@ def study_speed_points(folder: Path, config: Path, label: str) -> list[dict]:
     return list({p["where"]: p for p in found if p is not None}.values())
 
 
-def speed_summary(points: list[dict]) -> str:
-    """The leave-one-out errors of the tokens/s rule (memopt.plan.speed)."""
-    pairs = leave_one_out(points)
-    errors = sorted((1 / ratio(p, q) - 1, p["where"], q["where"]) for p, q in pairs)
-    worst = max(errors, key=lambda e: abs(e[0]))
-    low, high = band(points)
-    return (f"{len(pairs)} tokens/s predicted from another configuration (of {len(points)} "
-            f"cells): median absolute error {100 * statistics.median(abs(e[0]) for e in errors):.1f}%"
-            f", worst {100 * worst[0]:+.1f}% ({worst[1]} from {worst[2]}); 80% of measured "
-            f"values lie within {low:.2f} to {high:.2f} times the prediction")  # fmt: skip
+def speed_errors(points: list[dict]) -> dict[str, list[tuple[float, str]]]:
+    """Per GPU: the tokens/s rule's leave-one-out error of each configuration (the median over
+    its cells of predicted / measured - 1, as memopt.plan.speed.band weighs them)."""
+    by = {}
+    for p, q in leave_one_out(points):
+        by.setdefault(p["gpu"], {}).setdefault(p["config"], []).append(
+            (1 / ratio(p, q) - 1, f"{p['where']} from {q['where']}"))  # fmt: skip
+    return {gpu: [sorted(v)[len(v) // 2] for v in configs.values()] for gpu, configs in by.items()}
 
 
-def speed_points(map_state: Path | None) -> list[dict]:
+def speed_points(map_dir: Path | None) -> list[dict]:
     points = []
     for name in SPEED_STUDIES:
         folder = ROOT / "studies" / name
         points += study_speed_points(folder, folder / "config.yaml", name)
-    if map_state:
-        with tempfile.TemporaryDirectory() as tmp:
-            with tarfile.open(map_state) as tar:
-                tar.extractall(tmp, filter="data")
-            points += study_speed_points(Path(tmp), ROOT / "config" / "map.yaml", "map")
+    if map_dir:
+        points += study_speed_points(map_dir, ROOT / "config" / "map.yaml", "map")
     return points
 
 
@@ -126,10 +121,9 @@ def summary(points: list[dict], rows: list[dict], speed: list[dict]) -> str:
                  if 2 * b >= r["measured"]]  # fmt: skip
         lines.append(f"| maximum batch | {names[group]} {_stats(maxima)}")
         lines.append(f"| peak at half the maximum or more | {names[group]} {_stats(peaks)}")
-    pairs = leave_one_out(speed)
-    errors = [(1 / ratio(p, q) - 1, f"{p['where']} from {q['where']}") for p, q in pairs]
-    lines.append(f"| tokens/s | single-GPU cells of {', '.join(SPEED_STUDIES)} and the map "
-                 f"{_stats(errors)}")  # fmt: skip
+    for gpu, errors in speed_errors(speed).items():
+        lines.append(f"| tokens/s, one per configuration | {gpu}: single-GPU cells "
+                     f"{_stats(errors)}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -142,6 +136,7 @@ def figure(points, rows, speed, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    pairs = leave_one_out(speed)
     scored = [
         (p, r) for p, r in zip(points, rows) if r["status"] == "ok" and r["error"] is not None
     ]
@@ -151,9 +146,8 @@ def figure(points, rows, speed, path: Path) -> None:
         ("peak of a fitting trial", [m for _, r in zip(points, rows) for _, m, _ in r["peaks"]],
          [100 * (pr - m) / m for _, r in zip(points, rows) for _, m, pr in r["peaks"]],
          [p["where"] for p, r in zip(points, rows) for _ in r["peaks"]]),
-        ("tokens/s", [p["tokens_per_s"] for p, _ in leave_one_out(speed)],
-         [100 * (1 / ratio(p, q) - 1) for p, q in leave_one_out(speed)],
-         [p["where"] for p, _ in leave_one_out(speed)]),
+        ("tokens/s", [p["tokens_per_s"] for p, _ in pairs],
+         [100 * (1 / ratio(p, q) - 1) for p, q in pairs], [p["where"] for p, _ in pairs]),
     )):  # fmt: skip
         colors = ["tab:orange" if w.startswith("map") else "tab:blue" for w in labels]
         ax.scatter(xs, ys, s=14, c=colors)
@@ -187,19 +181,30 @@ def main() -> None:
                     "state here and stop")  # fmt: skip
     args = ap.parse_args()
     map_state = None if str(args.map_state) == "none" else args.map_state
+    with tempfile.TemporaryDirectory() as tmp:
+        map_dir = None
+        if map_state:
+            with tarfile.open(map_state) as tar:
+                tar.extractall(tmp, filter="data")
+            map_dir = Path(tmp)
+        run(args, map_dir)
+
+
+def run(args, map_dir: Path | None) -> None:
     if args.write_points:
-        points = speed_points(map_state)
+        points = speed_points(map_dir)
         args.write_points.write_text(json.dumps({"points": points}, indent=1) + "\n")
-        print(f"{args.write_points}: {len(points)} tokens/s points\n{speed_summary(points)}")
+        errors = speed_errors(points)
+        print(
+            f"{args.write_points}: {len(points)} tokens/s points; leave-one-out, per "
+            f"configuration: " + "; ".join(f"{gpu} {_stats(e)}" for gpu, e in errors.items())
+        )
         return
     points = []
     for folder in args.study:
         points += study_points(folder, folder / "config.yaml", folder.name)
-    if map_state:
-        with tempfile.TemporaryDirectory() as tmp:
-            with tarfile.open(map_state) as tar:
-                tar.extractall(tmp, filter="data")
-            points += study_points(Path(tmp), ROOT / "config" / "map.yaml", "map")
+    if map_dir:
+        points += study_points(map_dir, ROOT / "config" / "map.yaml", "map")
     rows = memory_loo(points)
     scored = [abs(r["error"]) for r in rows if r["status"] == "ok" and r["error"] is not None]
     worst = max(zip(scored, (r for r in rows if r["status"] == "ok" and r["error"] is not None)),
@@ -213,7 +218,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(text + "\n")
     if args.summary or args.figure:
-        speed = speed_points(map_state)
+        speed = speed_points(map_dir)
         if args.summary:
             args.summary.write_text(summary(points, rows, speed) + "\n")
         if args.figure:

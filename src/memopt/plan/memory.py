@@ -103,8 +103,10 @@ def complete(spec: dict) -> dict:
 
 def kernel(spec: dict, device: str = "cuda") -> str:
     """The attention kernel `spec` runs on `device`, as memopt.runtime.attention.resolve_kernel
-    turns `auto` into one, by what it keeps: flash-attn's and cuDNN's kernels keep what PyTorch's
-    flash kernel keeps (the output and a log-sum-exp a row), so they count as `flash`."""
+    turns `auto` into one. `auto` on a GPU may choose cuDNN's kernel or flash-attn's; they keep
+    what PyTorch's flash kernel keeps (the output and a log-sum-exp a row), so `auto` counts as
+    `flash` there (an assumption: no cell chose them explicitly, and an explicit `cudnn` or
+    `flash_attn` is not predicted)."""
     spec = complete(spec)
     if spec["attention"] != "auto":
         return spec["attention"]
@@ -112,7 +114,12 @@ def kernel(spec: dict, device: str = "cuda") -> str:
         return "math" if spec["window"] is not None else "flash"
     if spec["window"] is not None:
         return "flex"
-    return "flash" if spec["precision"] in ("bf16", "fp16") else "efficient"
+    return "flash" if spec["precision"] in ("bf16", "fp16", "fp8") else "efficient"
+
+
+# What a CPU search has measured: the eager and fully checkpointed classes (the smoke study); the
+# others' terms are fitted to CUDA's memory.
+CPU_CLASSES = ("eager", "ckpt")
 
 
 def unmodelled(spec: dict, device: str = "cuda") -> list[str]:
@@ -120,15 +127,20 @@ def unmodelled(spec: dict, device: str = "cuda") -> list[str]:
     spec = complete(spec)
     out = [f"{k}={spec.get(k)}" for k, allowed in MODELLED.items() if spec.get(k) not in allowed
            and k != "attention"]  # fmt: skip
-    if kernel(spec, device) not in MODELLED["attention"]:
-        auto = f" ({kernel(spec, device)} on {device})" if spec["attention"] == "auto" else ""
+    runs = kernel(spec, device)
+    auto = f" ({runs} on {device})" if spec["attention"] == "auto" else ""
+    if runs not in MODELLED["attention"] or (device != "cuda" and runs == "flex"):
         out.insert(1, f"attention={spec['attention']}{auto}")
+    elif runs != "math" and spec["precision"] in ("fp32", "tf32"):  # measured with math only
+        out.insert(1, f"attention={spec['attention']}{auto} with precision={spec['precision']}")
     kind = _kind(spec)
     if kind is None:
         out.append(
             f"checkpointing={spec['checkpointing']} loss={spec['loss']} "
             f"offload={spec['offload']} compile={spec['compile']} together"
         )
+    elif device != "cuda" and kind not in CPU_CLASSES:
+        out.append(f"{kind} on a CPU")
     return out
 
 

@@ -51,6 +51,11 @@ def plan(cfg: dict, total_mib: float | None, vocab: int, host_mib: float | None 
     techniques (None: not checked)."""
     search, device = cfg["search"], "cuda" if total_mib is not None else "cpu"
     if device == "cpu":
+        if search["cpu_memory_budget_gib"] is None:
+            raise MemoptError(
+                "--cpu: search.cpu_memory_budget_gib is null in this config: a CPU search has no "
+                "memory budget to predict against; set it (the smoke study's is 0.0625)"
+            )
         limit = search["cpu_memory_budget_gib"] * 1024
     else:
         usable = total_mib - CONTEXT_MIB
@@ -63,16 +68,17 @@ def plan(cfg: dict, total_mib: float | None, vocab: int, host_mib: float | None 
             f"({CONTEXT_MIB:,} MiB), search.headroom_mib and search.allocator_slack_mib"
         )
     points = (speed.load_points() if points is None else points) if device == "cuda" else []
-    factors = speed.band(points)
+    factors = speed.band(points, DEVICE_NAMES[gpu])
     model, rows = cfg["model"], []
     for name, spec in cfg["techniques"].items():
         row = {"technique": name, "missing": unmodelled(spec, device)}
         if not row["missing"]:
             best, bound, line = largest_batch(model, vocab, spec, limit, host_mib,
                                               search["max_batch"], CALIBRATION, device)  # fmt: skip
+            pace = None if best < 1 else speed.predict(points, model, vocab, spec, best,
+                                                       DEVICE_NAMES[gpu], factors)  # fmt: skip
             row.update(line=line, max_batch=best, tokens=best * model["seq_len"], bound=bound,
-                       speed=speed.predict(points, model, vocab, spec, best, DEVICE_NAMES[gpu],
-                                           factors))  # fmt: skip
+                       speed=pace)  # fmt: skip
         rows.append(row)
     return {"limit_mib": limit, "total_mib": total_mib, "rows": rows, "band": factors,
             "gpu": gpu if device == "cuda" else "CPU"}  # fmt: skip
@@ -99,9 +105,9 @@ def format_plan(result: dict, batch: int) -> str:
                          f"{'; '.join(r['missing'])} |" + " |" * (9 if gpu else 6))  # fmt: skip
             continue
         line, s = r["line"], r["speed"]
-        pace = ("" if not gpu else " no measured cell of these knobs on this GPU | | |"
-                if s is None else f" {s['tokens_per_s']:,.0f} | {_interval(s)} | "
-                f"{s['leans_on']} |")  # fmt: skip
+        pace = ("" if not gpu else " not one sequence fits | | |" if r["max_batch"] < 1 else
+                " no measured cell of these knobs on this GPU | | |" if s is None else
+                f" {s['tokens_per_s']:,.0f} | {_interval(s)} | {s['leans_on']} |")  # fmt: skip
         bound = r["bound"] if gpu or r["bound"] != "gpu" else "memory"
         lines.append(
             f"| {r['technique']} | {line.fixed_mib:,.1f} | {line.per_sequence_mib:,.2f} | "
@@ -113,9 +119,12 @@ def format_plan(result: dict, batch: int) -> str:
         lines += ["", "tokens/s: this model's FLOPs a token against the model FLOP/s of the "
                   f"nearest measured cell with the same knobs on a {result['gpu']} "
                   "(memopt.plan.speed)" + (
-                      f"; measured tokens/s lay within {band[0]:.2f} to {band[1]:.2f} times "
-                      "the prediction in 80% of the leave-one-out checks (tools/plan_check.py)"
-                      if band else "")]  # fmt: skip
+                      f"; the interval: measured over predicted in 80% of the {band['n']} "
+                      f"configurations checked leave-one-out on this GPU ({band['low']:.2f} to "
+                      f"{band['high']:.2f} times), given where the prediction leans no farther "
+                      "than those checks did (tools/plan_check.py)"
+                      if band else "; no interval: too few configurations checked on this "
+                      "GPU")]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import yaml
 
 from memopt.config import load_config_file, validate_config
 from memopt.errors import exit_on_user_error
+from memopt.plan.report import GPUS as PLAN_GPUS  # torch-free
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -38,7 +39,7 @@ def cmd_plan(args) -> None:
     if (args.gpu_memory is None) == (not args.cpu):
         raise MemoptError("memopt plan: give --gpu-memory SIZE (a GPU) or --cpu (a CPU search), "
                           "one of them")  # fmt: skip
-    total = gpu_memory_mib(args.gpu_memory) if args.gpu_memory else None
+    total = gpu_memory_mib(args.gpu_memory) if args.gpu_memory is not None else None
     host = None
     if args.host_memory:  # what offloading may pin: memopt.runtime.offload's share of the host
         from memopt.runtime.offload import HOST_FRACTION
@@ -305,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     sp.add_argument("--gpus-per-host", type=_positive_int, default=1, help="GPUs sharing it")
     sp.add_argument(
-        "--speed-gpu", choices=("H100-80GB", "H200"), default=None,
+        "--speed-gpu", choices=tuple(PLAN_GPUS), default=None,
         help="whose measured cells predict tokens/s (default: the --gpu-memory name, else "
         "H100-80GB)",
     )  # fmt: skip
