@@ -175,17 +175,19 @@ def test_tokens_per_second_from_the_nearest_measured_cell():
             "dropout": 0.0}  # fmt: skip
     flash = {"precision": "bf16", "attention": "flash"}
     h100 = "NVIDIA H100 80GB HBM3"
-    got = speed.predict(points, gpt2, 32_000, flash, 60, h100)
+    band = speed.band(points, h100)
+    got = speed.predict(points, gpt2, 32_000, flash, 60, h100, band)
     q = next(p for p in points if p["where"] == got["leans_on"])
     assert q["gpu"] == h100 and q["key"] == speed.speed_key(flash) and q["seq_len"] in (1024, 4096)
     assert got["tokens_per_s"] == pytest.approx(
         q["model_flops_per_s"] / flops_per_token(gpt2, 32_000, None)
     )
     assert got["low"] < got["tokens_per_s"] < got["high"]
-    band = speed.band(points, h100)
     assert got["low"] == pytest.approx(got["tokens_per_s"] * band["low"])
-    assert speed.predict(points, gpt2, 32_000, flash, 60, "NVIDIA A100-SXM4-80GB") is None
-    assert speed.predict(points, gpt2, 32_000, {**flash, "optimizer": "sgd"}, 60, h100) is None
+    assert speed.predict(points, gpt2, 32_000, flash, 60, "NVIDIA A100-SXM4-80GB", None) is None
+    assert (
+        speed.predict(points, gpt2, 32_000, {**flash, "optimizer": "sgd"}, 60, h100, band) is None
+    )
 
 
 def test_the_speed_interval_is_the_leave_one_out_spread():
@@ -205,18 +207,20 @@ def test_the_speed_interval_is_the_leave_one_out_spread():
     pairs = speed.leave_one_out([p for p in points if p["gpu"] == h100])
     assert {q["where"] for p, q in pairs if p["where"] == "h100-default/flash@117"} == {
         "map/gpt2_110m_4096/flash@30"}  # fmt: skip
-    got = speed.band(points, h100)
+    interval = speed.band(points, h100)
     configs = {p["config"] for p, _ in pairs}
-    assert got["n"] == len(configs) >= 20 and got["low"] < 1 < got["high"]
+    assert interval["n"] == len(configs) >= 20 and interval["low"] < 1 < interval["high"]
     assert speed.band(points, "NVIDIA H200") is None
     gpt2 = {"n_layers": 12, "d_model": 768, "n_heads": 12, "d_ff": 3072, "seq_len": 1024,
             "dropout": 0.0}  # fmt: skip
     near = speed.predict(
-        points, gpt2, 32_000, {"precision": "bf16", "attention": "auto"}, 100, h100
+        points, gpt2, 32_000, {"precision": "bf16", "attention": "auto"}, 100, h100, interval
     )
     assert near["leans_on"].split("/")[-1].startswith("flash@") and near["low"] is not None
     far = dict(gpt2, n_layers=96, d_model=4096, n_heads=32, d_ff=16384, seq_len=65536)
-    got = speed.predict(points, far, 32_000, {"precision": "bf16", "attention": "flash"}, 1, h100)
+    got = speed.predict(
+        points, far, 32_000, {"precision": "bf16", "attention": "flash"}, 1, h100, interval
+    )
     assert got["tokens_per_s"] > 0 and got["low"] is None  # farther than any check: no interval
 
 

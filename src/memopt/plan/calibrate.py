@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from memopt.plan.memory import CALIBRATED, CALIBRATION, MIB, largest_batch, memory_line, terms
+from memopt.plan.memory import CALIBRATED, CALIBRATION, MIB, largest_batch, terms
 
 # What a search that counted only out-of-memory as a miss (before search.allocator_slack_mib)
 # could use of its budget: near the budget the allocator keeps about this much unallocated.
@@ -65,11 +65,13 @@ def calibrate(points: list[dict], base: dict = CALIBRATION) -> dict:
     return cal
 
 
-def predicted_max(p: dict, cal: dict) -> int:
-    """The point's maximum batch predicted with `cal`, at its own search's limits and cap."""
+def predicted_max(p: dict, cal: dict):
+    """The point's maximum batch predicted with `cal`, at its own search's limits and cap, and
+    its memory line."""
     s = p["search"]
-    return largest_batch(p["model"], p["vocab"], s["spec"], p["limit"],
-                         s.get("host_budget_mib"), s.get("cap"), cal)[0]  # fmt: skip
+    best, _, line = largest_batch(p["model"], p["vocab"], s["spec"], p["limit"],
+                                  s.get("host_budget_mib"), s.get("cap"), cal)  # fmt: skip
+    return best, line
 
 
 def leave_one_out(points: list[dict]) -> list[dict]:
@@ -79,8 +81,7 @@ def leave_one_out(points: list[dict]) -> list[dict]:
     rows = []
     for p in points:
         cal = calibrate([q for q in points if q["key"] != p["key"]])
-        measured, predicted = p["search"]["max_batch"], predicted_max(p, cal)
-        line = memory_line(p["model"], p["vocab"], p["search"]["spec"], cal)
+        measured, (predicted, line) = p["search"]["max_batch"], predicted_max(p, cal)
         peaks = [(t["batch"], t["peak_mib"], line.at(t["batch"])) for t in p["search"]["trials"]
                  if t["fits"] and t.get("peak_mib")]  # fmt: skip
         rows.append({"technique": p["search"]["technique"], "kind": p["terms"]["kind"],

@@ -223,7 +223,7 @@ def terms(model: dict, vocab: int, spec: dict, device: str = "cuda") -> dict:
         "gradients": 4 * params / MIB if kind == "offload" else 0.0,
     }  # fmt: skip
     return {"kind": kind, "arch": model.get("arch", "gpt2"), "known": known,
-            "per_unit": per_unit, "fixed": fixed, "device": device}  # fmt: skip
+            "per_unit": per_unit, "fixed": fixed}  # fmt: skip
 
 
 CALIBRATED = {"ckpt_chunked": "ckpt_chunked_workspace", "offload": "offload_workspace",

@@ -121,11 +121,10 @@ def load_points(path: Path = POINTS_FILE) -> list[dict]:
     return json.loads(path.read_text())["points"] if path.exists() else []
 
 
-def predict(points, model, vocab, spec, batch, gpu, interval=None) -> dict | None:
+def predict(points, model, vocab, spec, batch, gpu, interval) -> dict | None:
     """Tokens/s at `batch` (at least 1) on `gpu` (a device name as cells record it): the
-    prediction, its interval (`interval`: band(points, gpu), computed when None; no interval
-    beyond its reach) and the point it leans on; None without a measured point of that GPU and
-    knobs."""
+    prediction, its interval (`interval`: band(points, gpu), None for none; none beyond its
+    reach) and the point it leans on; None without a measured point of that GPU and knobs."""
     spec = complete(spec)
     arch, params = model.get("arch", "gpt2"), param_count(model, vocab)
     tokens = batch * model["seq_len"]
@@ -133,7 +132,6 @@ def predict(points, model, vocab, spec, batch, gpu, interval=None) -> dict | Non
     if q is None:
         return None
     tokens_per_s = q["model_flops_per_s"] / flops_per_token(model, vocab, spec.get("window"))
-    interval = band(points, gpu) if interval is None else interval
     within = interval and _distance(q, arch, params, model["seq_len"], tokens) <= interval["reach"]
     return {
         "tokens_per_s": tokens_per_s,

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from memopt.config import load_config_file, validate_config
-from memopt.errors import exit_on_user_error
+from memopt.errors import MemoptError, exit_on_user_error
 from memopt.plan.report import GPUS as PLAN_GPUS  # torch-free
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,8 +32,7 @@ def cmd_validate(args) -> None:
 
 
 def cmd_plan(args) -> None:
-    from memopt.errors import MemoptError
-    from memopt.plan.report import GPUS, format_plan, gpu_memory_mib, plan
+    from memopt.plan.report import format_plan, gpu_memory_mib, plan
 
     study = _study(args)
     if (args.gpu_memory is None) == (not args.cpu):
@@ -46,7 +45,7 @@ def cmd_plan(args) -> None:
 
         host = HOST_FRACTION * gpu_memory_mib(args.host_memory) / args.gpus_per_host
     vocab = study["tokenizer"]["vocab_size"]
-    gpu = args.speed_gpu or (args.gpu_memory if args.gpu_memory in GPUS else "H100-80GB")
+    gpu = args.speed_gpu or (args.gpu_memory if args.gpu_memory in PLAN_GPUS else "H100-80GB")
     print(format_plan(plan(study, total, vocab, host, gpu), args.batch))
     print(
         f"\n{study['model'].get('arch', 'gpt2')} model, {study['model']['seq_len']:,} tokens a "
