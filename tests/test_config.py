@@ -102,7 +102,7 @@ def test_the_knob_registry_is_the_schemas_technique_part():
     for knob in knobs.KNOBS:
         jsonschema.validate(knob.default, knob.schema())
         assert knob.doc and knob.group
-    assert knobs.function_knobs() == ("precision", "window", "optimizer", "lr_scale")
+    assert knobs.function_knobs() == ("precision", "window", "optimizer", "lr_scale", "block")
 
 
 @pytest.mark.parametrize(
@@ -298,12 +298,14 @@ def test_an_installed_package_validates_outside_the_checkout(tmp_path):
 
 def test_the_long_quality_study_has_what_issue_35_asks():
     """config/quality.yaml: at least 4 seeds and 30M tokens per run, the functions the issue names
-    (a TF32 reference, BF16, windows 128 and 32, 8-bit AdamW, FP16, FP8) and a positive control."""
+    (a TF32 reference, BF16, windows 128 and 32, 8-bit AdamW, FP16, FP8, the Llama block in BF16)
+    and a positive control."""
     from memopt.runtime.functions import functions
 
     cfg = validate_config(load_config_file(ROOT / "config" / "quality.yaml"))
     assert cfg["quality"]["seeds"] >= 4 and cfg["quality"]["tokens"] >= 30_000_000
     assert cfg["train"]["eval_sequences"] >= 256 and cfg["quality"]["margin"] > 0
     assert list(functions(cfg["techniques"])) == [
-        "tf32", "bf16", "bf16_w128", "bf16_w32", "bf16_adamw8bit", "fp16", "fp8", "bf16_lr0.5"]  # fmt: skip
+        "tf32", "bf16", "bf16_w128", "bf16_w32", "bf16_adamw8bit", "fp16", "fp8", "bf16_lr0.5",
+        "bf16_llama"]  # fmt: skip
     assert cfg["baseline"] == "tf32" and cfg["study"] == "quality"

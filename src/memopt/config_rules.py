@@ -7,6 +7,7 @@ from __future__ import annotations
 from memopt.errors import ConfigError
 from memopt.knobs import KNOBS
 from memopt.map_points import map_points
+from memopt.runtime.blocks import technique_model
 
 
 def check_cross_keys(cfg: dict) -> None:
@@ -89,6 +90,9 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
     """Knob combinations that cannot work, each named with both keys and why."""
     problems, w = [], spec.get("window")
     seq_len = cfg["model"]["seq_len"]
+    if spec.get("block") is not None:  # the shape with that block (memopt.runtime.blocks)
+        model = technique_model(cfg["model"], spec)
+        problems += [f"{key}.block: {spec['block']!r}: {p}" for p in _arch_problems(model)]
     if w is not None and w > seq_len:
         problems.append(
             f"{key}.window: {w} is larger than model.seq_len ({seq_len}); allowed: 1..{seq_len}"

@@ -347,6 +347,21 @@ KNOBS: tuple[Knob, ...] = (
         describe=lambda r: f"lr x{r.get('lr_scale', 1.0):g}",
         label=lambda r: f"learning rate x{r['lr_scale']:g}",
     ),
+    Knob(
+        "block",
+        "block",
+        (
+            "The decoder block this technique trains: null = model.arch; gpt2 or llama = the same "
+            "shape with that block, its MLP width scaled to keep the parameters comparable "
+            "(memopt.runtime.blocks). Another function, not a memory technique: the quality "
+            "study's Llama block; its seeds start from another initialization."
+        ),
+        {"enum": [None, "gpt2", "llama"]},
+        default=None,
+        function=True,
+        describe=lambda r: None if r.get("block") is None else f"{r['block']} block",
+        label=lambda r: f"{r['block']} block",
+    ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 

@@ -25,6 +25,7 @@ from memopt.data.tokens import TokenData
 from memopt.jobs.outcome import failure, guarded, stamp
 from memopt.runtime import parallel
 from memopt.runtime.attention import kernel_detail, resolve_kernel
+from memopt.runtime.blocks import technique_model
 from memopt.runtime.divergence import LossWatch
 from memopt.runtime.flops import flops_per_token
 from memopt.runtime.functions import function_of
@@ -119,7 +120,8 @@ def _train(cfg, spec, data: TokenData, batch_size: int, device: str, snapshot=No
     stats = summarize(times)
     tokens_per_step = batch_size * k * gpus * cfg["model"]["seq_len"]
     tokens_per_s = tokens_per_step / (stats["mean"] / 1e3)
-    flops = flops_per_token(cfg["model"], data.vocab_size, spec["window"]) * tokens_per_s
+    model = technique_model(cfg["model"], spec)
+    flops = flops_per_token(model, data.vocab_size, spec["window"]) * tokens_per_s
     # No MFU for FP8: its peak would be a mix of FP8 and BF16 peaks (memopt.runtime.precision).
     fp8 = spec["precision"] == "fp8"
     peak_flops = peak_bf16_flops(device_name(device)) if device == "cuda" and not fp8 else None

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 
 from memopt.knobs import defaults
+from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import matmul_params, param_count
 
 MIB = 2**20
@@ -199,6 +200,7 @@ def terms(model: dict, vocab: int, spec: dict, device: str = "cuda") -> dict:
     missing = unmodelled(spec, device)
     if missing:
         raise ValueError(f"no measured point for {', '.join(missing)}")
+    model = technique_model(model, spec)
     kind = _kind(spec)
     h, f, L = (model[k] for k in ("d_model", "d_ff", "n_layers"))
     fp32 = spec["precision"] in ("fp32", "tf32")

@@ -22,12 +22,13 @@ import statistics
 from pathlib import Path
 
 from memopt.plan.memory import complete, kernel
+from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import flops_per_token, param_count
 
 POINTS_FILE = Path(__file__).with_name("speed_points.json")
 # Knobs whose value changes no kernel's speed beyond the FLOPs flops_per_token counts (a window's
 # size) or not at all; whether a window is set still counts.
-SPEED_IGNORES = ("lr_scale", "loss_chunk", "window", "gpus")
+SPEED_IGNORES = ("lr_scale", "loss_chunk", "window", "gpus", "block")  # block: in the model
 LLAMA_DISTANCE = 2.0  # another block style counts as a shape e^2 ~ 7 times off
 MIN_PAIRS = 5
 FLASH_LIKE = ("flash", "cudnn", "flash_attn")  # within a few % of each other on the H100
@@ -49,6 +50,7 @@ def speed_point(cell: dict, model: dict, vocab: int, where: str) -> dict | None:
     if cell.get("status") != "ok" or not cell.get("tokens_per_s") or cell.get("gpus", 1) != 1:
         return None
     spec = complete(cell["spec"])
+    model = technique_model(model, spec)
     arch, params = model.get("arch", "gpt2"), param_count(model, vocab)
     per_token = flops_per_token(model, vocab, spec.get("window"))
     key = speed_key(spec, cell.get("kernel"))
@@ -126,6 +128,7 @@ def predict(points, model, vocab, spec, batch, gpu, interval) -> dict | None:
     prediction, its interval (`interval`: band(points, gpu), None for none; none beyond its
     reach) and the point it leans on; None without a measured point of that GPU and knobs."""
     spec = complete(spec)
+    model = technique_model(model, spec)
     arch, params = model.get("arch", "gpt2"), param_count(model, vocab)
     tokens = batch * model["seq_len"]
     q = nearest(points, gpu, speed_key(spec), arch, params, model["seq_len"], tokens)

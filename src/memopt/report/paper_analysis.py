@@ -15,6 +15,7 @@ from memopt.report.results import (
     ok_cells,
     within_noise,
 )
+from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import flops_per_token, recompute_flops_per_token
 
 # The knobs of a cell that decide its recomputation (summary.csv columns).
@@ -25,8 +26,9 @@ def add_hfu(cells: list[dict], model_cfg: dict, vocab_size: int) -> None:
     """Set each cell's `hfu`: MFU with recomputation counted (None where MFU is, or where the
     recomputation is not known from the knobs)."""
     for c in cells:
-        extra = recompute_flops_per_token(model_cfg, vocab_size, {k: c.get(k) for k in _SPEC})
-        model = flops_per_token(model_cfg, vocab_size, c.get("window"))
+        m = technique_model(model_cfg, c)
+        extra = recompute_flops_per_token(m, vocab_size, {k: c.get(k) for k in _SPEC})
+        model = flops_per_token(m, vocab_size, c.get("window"))
         c["hfu"] = None if c.get("mfu") is None or extra is None else c["mfu"] * (1 + extra / model)
 
 
@@ -73,10 +75,11 @@ def recommendations(
       the reference's (its paired verdict; never diverged), the highest tokens/s: the same
       quality in the least time.
     A positive control (a technique whose function changes the learning rate) is a check of the
-    quality verdicts, not a technique to use: it is in none of the goals.
+    quality verdicts, and another block another model, not a technique to use: they are in none
+    of the goals.
     """
     q = _quality_by_technique(quality)
-    cells = [c for c in cells if not q.get(c["technique"], {}).get("control")]
+    cells = [c for c in cells if not _not_a_technique(q.get(c["technique"], {}))]
     base = next(
         (c for c in cells if c["technique"] == baseline and c["batch_entry"] == "same"), None
     )
@@ -173,7 +176,7 @@ def _as_good_as_the_best(quality: dict) -> set[str]:
     """The functions not detectably worse than the reference's: the reference itself and those
     whose paired verdict against it is equivalent, better, or inconclusive with an interval (two
     paired seeds at least: one seed says nothing). A function with a diverged seed, or a positive
-    control (another learning rate: not a technique to use), is never among them."""
+    control or another model (not techniques to use), is never among them."""
 
     def judged(r):
         p = r.get("paired") or {}
@@ -184,9 +187,14 @@ def _as_good_as_the_best(quality: dict) -> set[str]:
     return {
         r["function"]
         for r in quality.get("rows", [])
-        if r["val_loss"]["n"] and not r.get("diverged_seeds") and not r.get("control")
+        if r["val_loss"]["n"] and not r.get("diverged_seeds") and not _not_a_technique(r)
         and (r["function"] == quality.get("reference_function") or judged(r))
     }  # fmt: skip
+
+
+def _not_a_technique(row: dict) -> bool:
+    """A quality row judged but never recommended: a positive control or another model."""
+    return bool(row.get("control") or row.get("another_model"))
 
 
 def tf32_reference(cells: list[dict], baseline: str) -> dict | None:

@@ -107,8 +107,10 @@ def quality_table(
         row["diverged_seeds"] = [f["seed"] for f in row["failed"] if f["status"] == "diverged"]
         done = [r for r in by_function.get(row["function"], []) if r["status"] == "ok"]
         row["positions"] = _positions(done)
-    for row in rows:  # a positive control (another learning rate): a known harm to detect
-        row["control"] = quality_spec(techniques, row["function"]).get("lr_scale", 1.0) != 1.0
+    for row in rows:  # a positive control (another learning rate): a known harm to detect;
+        spec = quality_spec(techniques, row["function"])  # another block: another model
+        row["control"] = spec.get("lr_scale", 1.0) != 1.0
+        row["another_model"] = spec.get("block") is not None
     ref = next((r for r in rows if r["function"] == ref_function), None)
     for row in rows:
         row["delta_val_loss"] = row["verdict"] = row["paired"] = None

@@ -1,7 +1,8 @@
 """Which function a technique computes, for the quality runs and the exactness check.
 
 Two techniques compute the same function when they do the same arithmetic on the same inputs:
-the same precision, the same attention pattern (window) and the same optimizer. The attention
+the same precision, the same attention pattern (window), the same optimizer, learning rate and
+block. The attention
 kernel, activation checkpointing, compilation (and its memory budget), the loss's kernel,
 in-backward updates, offloading, gradient accumulation and data parallelism (with or without
 sharding) change how the function is computed (speed, memory), not what it is, so they share one
@@ -12,16 +13,18 @@ from __future__ import annotations
 
 from memopt.knobs import KNOBS, defaults, function_knobs
 
-FUNCTION = function_knobs()  # precision, window, optimizer, lr_scale: what the function is
+FUNCTION = function_knobs()  # precision, window, optimizer, lr_scale, block: what it is
 # The knobs that change how a function is computed (their subordinates follow them).
 HOW = tuple(k for k in KNOBS if not k.function and not k.subordinate)
 
 
 def function_of(spec: dict) -> str:
-    """A short name: the precision, plus the window if any, plus an optimizer other than AdamW,
-    plus a learning-rate scale other than 1 (`bf16`, `bf16_w128`, `fp32`, `bf16_adamw8bit`,
-    `bf16_lr0.5`)."""
+    """A short name: the precision, plus a block if set, plus the window if any, plus an
+    optimizer other than AdamW, plus a learning-rate scale other than 1 (`bf16`, `bf16_llama`,
+    `bf16_w128`, `fp32`, `bf16_adamw8bit`, `bf16_lr0.5`)."""
     name = spec["precision"]
+    if spec.get("block") is not None:
+        name += f"_{spec['block']}"
     if spec.get("window") is not None:
         name += f"_w{spec['window']}"
     optimizer = spec.get("optimizer", "adamw")

@@ -15,6 +15,7 @@ import torch
 from memopt.errors import MemoptError
 from memopt.knobs import KNOBS
 from memopt.runtime.attention import resolve_kernel
+from memopt.runtime.blocks import technique_model
 from memopt.runtime.losses import check_loss
 from memopt.runtime.model import Decoder, ModelConfig, build_model
 from memopt.runtime.offload import check_offload
@@ -132,7 +133,7 @@ def apply_technique(
         checkpoint_every=spec["checkpoint_every"],
         loss=spec["loss"],
         loss_chunk=spec["loss_chunk"],
-        **model_cfg,
+        **technique_model(model_cfg, spec),
     )
     set_precision_flags(spec["precision"])
     model: torch.nn.Module = build_model(cfg, seed, device)
