@@ -52,6 +52,7 @@ def workdir(tmp: Path, corpus: dict, techniques: list[str] | None = None) -> Pat
         "src",
         "paper/templates",
         "paper/reference.yaml",
+        "paper/literature.yaml",
         "envs",
         "profiles",
     ):

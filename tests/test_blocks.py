@@ -2,6 +2,7 @@
 block, as another function, judged in the quality verdicts but never recommended."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,6 +53,20 @@ def test_a_block_the_rotary_embedding_cannot_turn_is_refused():
     assert "odd.block: 'llama'" in str(e.value) and "odd head dimension" in str(e.value)
     with pytest.raises(ConfigError, match="block"):
         validate_config({"techniques": {"x": {"block": "mamba"}}, "baseline": "x"})
+
+
+def test_a_block_that_is_the_models_own_is_refused():
+    """It would run the same model under another function's name (its own quality runs, its own
+    exactness reference, out of the recommendations): null says 'the model's block'."""
+    with pytest.raises(ConfigError, match=r"same.block: 'gpt2' is model's own block .*allowed: "
+                                          r"null or 'llama'"):  # fmt: skip
+        validate_config({"techniques": {"x": {}, "same": {"block": "gpt2"}}, "baseline": "x"})
+    from memopt.config import load_config_file
+
+    cfg = load_config_file(Path(__file__).resolve().parents[1] / "config" / "map.yaml")
+    cfg["techniques"]["llama"] = {"precision": "bf16", "block": "llama"}  # gpt2 and llama points
+    with pytest.raises(ConfigError, match=r"map.models \(llama_128m_1024\)'s own block"):
+        validate_config(cfg)
 
 
 def test_another_block_is_another_function_judged_but_never_recommended():

@@ -176,6 +176,7 @@ def test_render_when_every_cell_is_oom(study, tmp_path):
 def test_missing_variable_fails_render(study, tmp_path):
     templates = tmp_path / "templates"
     shutil.copytree(TEMPLATES, templates)
+    shutil.copy(TEMPLATES.parent / "literature.yaml", tmp_path)  # the prose's citations
     (templates / "paper.md.j2").write_text("Peak: {{ no_such_value | num(1) }}\n")
     with pytest.raises(MemoptError, match="no_such_value"):
         render(study, templates, name="broken")

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from memopt.config import load_config_file, validate_config
 from memopt.report.paper import build_context
@@ -152,3 +153,24 @@ def test_the_story_leaves_out_what_the_data_does_not_show(context):
             c["gradients_mib"] = None
     s = story({**context, "cells": cells})
     assert s["memory"] is None and s["logits_bound"] == []
+
+
+def test_the_references_are_what_the_prose_cites(tmp_path):
+    """cite() in the prose (paper/literature.yaml): the in-text form, the References in the
+    order first cited, each once; a key the file lacks is an error naming the key and file."""
+    from memopt.errors import MemoptError
+    from memopt.report.paper_prose import citations
+
+    cite, cited = citations(ROOT / "paper" / "literature.yaml")
+    assert cite("dao2022", "dao2023") == "(Dao et al., 2022; Dao, 2023)"
+    assert cite("chen2016") == "(Chen et al., 2016)" and cite("dao2023")
+    assert [c["id"] for c in cited] == ["dao2022", "dao2023", "chen2016"]
+    assert cited[2]["text"].startswith("T. Chen, B. Xu")
+    with pytest.raises(MemoptError, match="no entry 'nobody'.*it has: ansel2024"):
+        cite("nobody")
+    with pytest.raises(MemoptError, match="the file is missing"):
+        citations(tmp_path / "literature.yaml")[0]("dao2022")
+    paper = (ROOT / "studies" / "h100-default" / "paper" / "paper.md").read_text()
+    body, refs = paper.split("## References", 1)
+    for key, entry in yaml.safe_load((ROOT / "paper" / "literature.yaml").read_text()).items():
+        assert (entry["cite"] in body) == (entry["text"] in refs), key

@@ -105,8 +105,10 @@ def edited(*paths: Path):
 
 def test_template_edit_reruns_only_the_render(smoke):
     wd = smoke[0]
-    with edited(wd / "paper/templates/paper.md.j2"):
-        assert planned(wd) == {"render": 1, **PDF, "all": 1}
+    templates = ("paper.md.j2", "prose/introduction.md.j2", "../literature.yaml")  # prose/ too
+    for template in templates:
+        with edited(wd / "paper/templates" / template):
+            assert planned(wd) == {"render": 1, **PDF, "all": 1}, template
 
 
 def test_the_equivalence_margin_reruns_only_the_paper(smoke):
@@ -276,7 +278,9 @@ def _files(folder: Path) -> dict[str, bytes]:
         str(p.relative_to(folder)): p.read_bytes()
         for part in ("data", "results", "paper", "logs", ".memopt-study")
         for p in ([folder / part] if (folder / part).is_file() else (folder / part).rglob("*"))
-        if p.is_file() and "templates" not in p.parts and p.name != "reference.yaml"
+        if p.is_file()
+        and "templates" not in p.parts
+        and p.name not in ("reference.yaml", "literature.yaml")
     }
 
 

@@ -90,9 +90,16 @@ def _technique_problems(key: str, spec: dict, cfg: dict) -> list[str]:
     """Knob combinations that cannot work, each named with both keys and why."""
     problems, w = [], spec.get("window")
     seq_len = cfg["model"]["seq_len"]
-    if spec.get("block") is not None:  # the shape with that block (memopt.runtime.blocks)
-        model = technique_model(cfg["model"], spec)
-        problems += [f"{key}.block: {spec['block']!r}: {p}" for p in _arch_problems(model)]
+    block = spec.get("block")
+    models = {"model": cfg["model"], **{f"map.models ({p})": m for p, m in map_points(cfg).items()}}
+    for where, model in models.items() if block is not None else ():
+        if block == model["arch"]:  # the same model under another function's name: refused
+            other = "llama" if block == "gpt2" else "gpt2"
+            problems.append(f"{key}.block: {block!r} is {where}'s own block (arch {block!r}); "
+                            f"allowed: null or {other!r}")  # fmt: skip
+            continue
+        problems += [f"{key}.block: {block!r} ({where}): {p}"
+                     for p in _arch_problems(technique_model(model, spec))]  # fmt: skip
     if w is not None and w > seq_len:
         problems.append(
             f"{key}.window: {w} is larger than model.seq_len ({seq_len}); allowed: 1..{seq_len}"

@@ -57,8 +57,14 @@ rule render:
         corpus=rules.corpus.output.stats,
         tokens="data/tokens/meta.json",
         figures=FIGURES,
-        templates=[t for t in (ROOT / "paper" / "templates").glob("*.j2") if not t.name.startswith("map")],
+        # every template but the map paper's (map*.j2, map/), the prose/ folder's too
+        templates=[
+            t
+            for t in (ROOT / "paper" / "templates").rglob("*.j2")
+            if not t.relative_to(ROOT / "paper" / "templates").parts[0].startswith("map")
+        ],
         reference=ROOT / "paper" / "reference.yaml",
+        literature=ROOT / "paper" / "literature.yaml",  # the prose's cite(): the References
         benchmarks=STAGE_BENCHMARKS,
         code=code("render"),
     params:

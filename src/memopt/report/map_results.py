@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memopt.fileio import read_json
+from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import param_count
 
 PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
@@ -41,11 +42,12 @@ def _limit(search: dict) -> str | None:
 def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, cell: dict) -> dict:
     fit = search.get("fit") or {}
     seq = model["seq_len"]
+    trained = technique_model(model, search.get("spec") or {})  # its block (memopt.runtime.blocks)
     ok = cell.get("status") == "ok"
     breakdown = cell.get("memory_breakdown") or {}
     row = {
-        "point": point, "model": model_name, "arch": model["arch"],
-        "params": param_count(model, vocab), "seq_len": seq, "technique": search["technique"],
+        "point": point, "model": model_name, "arch": trained["arch"],
+        "params": param_count(trained, vocab), "seq_len": seq, "technique": search["technique"],
         "search_status": search["status"], "limit": _limit(search),
         "max_batch": search["max_batch"], "max_tokens": search["max_batch"] * seq,
         "trials": len(search["trials"]), "search_s": search["seconds"],

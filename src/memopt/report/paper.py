@@ -28,7 +28,7 @@ from memopt.report.paper_analysis import (
 from memopt.report.paper_format import config_yaml, make_environment
 from memopt.report.paper_gpus import gpus_used
 from memopt.report.paper_mechanisms import mechanisms
-from memopt.report.paper_prose import render_prose
+from memopt.report.paper_prose import citations, render_prose
 from memopt.report.paper_reference import reference_comparison
 from memopt.report.results import (
     FIGURE_NAMES,
@@ -368,7 +368,10 @@ def render_paper(
         exactness_paths=exactness_paths,
     )
     context["tables"] = paper_tables.build(context)  # defined once, rendered to both formats
-    prose = render_prose(make_environment(Path(templates_dir), False), context, _render)
+    cite, context["cited"] = citations(Path(templates_dir).parent / "literature.yaml")
+    prose = render_prose(
+        make_environment(Path(templates_dir), False), {**context, "cite": cite}, _render
+    )
     texts = {}
     for out, template, latex, ext in (
         (out_md, "paper.md.j2", False, "png"),

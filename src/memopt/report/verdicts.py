@@ -271,7 +271,9 @@ def _controls(rows: list[dict], by_name: dict, techniques: dict) -> list[dict]:
     claimed to be its function). Where such a pair stays within it, the check cannot tell another
     function from the same one at this length."""
     refs = [r for r in rows if r["ok"] is None]
-    precision = {r["technique"]: techniques[r["technique"]]["precision"] for r in refs}
+    # the precision, and the block: another block's model starts from other weights
+    precision = {r["technique"]: (techniques[r["technique"]]["precision"],
+                                  techniques[r["technique"]].get("block")) for r in refs}  # fmt: skip
     out = []
     for i, r in enumerate(refs):
         other = next(
