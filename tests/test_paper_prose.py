@@ -1,6 +1,7 @@
 """The paper's prose (memopt.report.paper_prose): written once in Markdown, converted to LaTeX; its
 numbers are derived from the results, and no template hard-codes a measured number."""
 
+import json
 import re
 from pathlib import Path
 
@@ -174,3 +175,27 @@ def test_the_references_are_what_the_prose_cites(tmp_path):
     body, refs = paper.split("## References", 1)
     for key, entry in yaml.safe_load((ROOT / "paper" / "literature.yaml").read_text()).items():
         assert (entry["cite"] in body) == (entry["text"] in refs), key
+
+
+def test_the_per_layer_bytes_against_korthikanti():
+    """memopt.report.paper_mechanisms.per_layer_bytes on h100-protocol-v2's searches: its
+    fused BF16 search (flash) first, then the explicit kernel's (bf16): measured, counted, and
+    34h (+ 5as for the explicit kernel's scores)."""
+    from memopt.report.paper_mechanisms import per_layer_bytes
+
+    folder = ROOT / "studies" / "h100-protocol-v2"
+    model = validate_config(load_config_file(folder / "config.yaml"))["model"]
+    searches = []
+    for path in sorted((folder / "results" / "search").glob("*.json")):
+        s = json.loads(path.read_text())
+        searches.append({**s, "per_sample_mib": (s.get("fit") or {}).get("per_sample_mib")})
+    h, a, seq = model["d_model"], model["n_heads"], model["seq_len"]
+    k = per_layer_bytes(searches, model, 32000)
+    assert (k["technique"], k["fused"], k["korthikanti"]) == ("flash", True, 34 * h)
+    assert k["measured"] == pytest.approx(k["counted"], rel=0.002) and k["counted"] == 29232
+    math = per_layer_bytes([s for s in searches if s["technique"] == "bf16"], model, 32000)
+    assert (math["fused"], math["korthikanti"]) == (False, 34 * h + 5 * a * seq)
+    assert math["measured"] == pytest.approx(math["counted"], rel=0.002)
+    assert (
+        per_layer_bytes([s for s in searches if s["technique"] == "baseline"], model, 32000) is None
+    )

@@ -245,3 +245,39 @@ def mechanisms(
         for name, c in same.items()
         if name != baseline and peak_parts(c)
     ]
+
+
+def per_layer_bytes(searches: list[dict], model: dict, vocab: int) -> dict | None:
+    """The bytes a layer keeps per token, from the first eager 16-bit search with a fitted slope
+    (a fused kernel's first): measured (its MiB a sequence, less what the plan counts outside
+    the layers: logits, embeddings, final norm), counted tensor by tensor (memopt.plan.memory)
+    and by Korthikanti et al. (2022)'s 34h + 5as for 16-bit activations (34h where a fused kernel
+    keeps no scores). None without such a search."""
+    from memopt.plan.memory import MIB, complete, kernel, layer_bytes, terms
+    from memopt.runtime.blocks import technique_model
+
+    found = []
+    for s in searches:
+        spec = s.get("spec")
+        if not spec or s.get("per_sample_mib") is None or spec["precision"] not in ("bf16", "fp16"):
+            continue
+        try:
+            t = terms(model, vocab, spec)
+        except ValueError:
+            continue
+        if t["kind"] == "eager":
+            found.append((kernel(complete(spec)) == "math", s, t, technique_model(model, spec)))
+    if not found:
+        return None
+    math_kernel, s, t, m = min(found, key=lambda f: f[0])  # a fused kernel's first
+    layers, h, a, seq = m["n_layers"], m["d_model"], m["n_heads"], m["seq_len"]
+    counted = layer_bytes(m, complete(s["spec"]))
+    outside = t["known"] - layers * counted
+    return {
+        "technique": s["technique"],
+        "fused": not math_kernel,
+        "measured": (s["per_sample_mib"] * MIB / seq - outside) / layers,
+        "counted": counted,
+        "korthikanti": 34 * h + (5 * a * seq if math_kernel else 0),
+        "arch": m["arch"],
+    }

@@ -14,7 +14,7 @@ import yaml
 
 from memopt.errors import MemoptError
 from memopt.report.paper_format import md_to_tex
-from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts
+from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
 from memopt.report.results import ok_cells, within_noise
 from memopt.runtime.flops import attention_flops_per_token, flops_per_token
 
@@ -289,6 +289,7 @@ def story(ctx: dict) -> dict:
         "optimal_tokens_per_param": OPTIMAL_TOKENS_PER_PARAM,
         "memory": _memory_terms(ctx),
         "fused_share": _fused_share(same, ctx["baseline"], ctx["techniques"]),
+        "per_layer": per_layer_bytes(ctx["searches"], ctx["model"], ctx["tokens"]["vocab_size"]),
         "logits_bound": [
             {
                 "technique": name,
