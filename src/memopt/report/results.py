@@ -286,19 +286,15 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
 
 def analysis(cells: list[dict]) -> dict:
     """What the numbers say at the `same` batch, for the generated analysis text: the best
-    technique on each axis, whether the runner-up is within measured noise (the two step-time
-    standard deviations added), and the memory-speed Pareto set over every ok cell."""
+    technique on each axis, whether the runner-up is within measured noise (within_noise: the
+    paper's one rule, the two cells' 95% intervals added), and the memory-speed Pareto set over
+    every ok cell."""
     same = list(ok_cells(cells).values())
     result = {"fastest": None, "lowest_memory": None, "pareto": []}
     if same:
         by_speed = sorted(same, key=lambda c: c["step_time_ms_mean"])
         best = by_speed[0]
-        tied = [
-            c["technique"]
-            for c in by_speed[1:]
-            if c["step_time_ms_mean"] - best["step_time_ms_mean"]
-            <= (best["step_time_ms_std"] or 0) + (c["step_time_ms_std"] or 0)
-        ]
+        tied = [c["technique"] for c in by_speed[1:] if within_noise(c, best)]
         result["fastest"] = {"technique": best["technique"], "within_noise": tied}
         low = min(same, key=lambda c: c["peak_allocated_mib"])
         result["lowest_memory"] = {
