@@ -104,7 +104,7 @@ def test_recommendations_follow_from_the_data():
     )
     best = rows["best quality per GPU-hour"]
     assert (best["winner"], best["runner_up"]) == ("quick", "base")
-    assert best["figure"] == "3,050 tokens/s, validation loss 5.4400 (seeds 5.4200–5.4600)"
+    assert best["figure"] == "3,050 tokens/s at batch 12, validation loss 5.4400 (seeds 5.4200–5.4600)"
 
 
 def test_two_searches_stopped_at_one_cap_tie_for_the_largest_batch():

@@ -155,10 +155,10 @@ def recommendations(
         "best quality per GPU-hour",
         _ranked(quality_fastest, lambda c: c["tokens_per_s"]),
         lambda c: (
-            f"{c['tokens_per_s']:,.0f} tokens/s, validation loss "
+            f"{c['tokens_per_s']:,.0f} tokens/s at batch {c['batch_size']:,}, validation loss "
             + _loss_with_spread(q[c["technique"]]["val_loss"])
         ),
-        lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak at batch {c['batch_size']:,}",
+        lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak",
         within_noise,
     )
     return rows
