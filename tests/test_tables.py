@@ -54,3 +54,16 @@ def test_an_unnumbered_table_and_the_layouts():
 def test_a_row_of_the_wrong_width_is_refused():
     with pytest.raises(ValueError, match="column counts"):
         table(rows=[["flash", "8"]])
+
+
+def test_a_capped_searchs_predicted_batch_is_its_fit_at_the_budget():
+    """Table 2's caption: *predicted* is the batch the fit puts at the budget; a capped search's
+    own predicted_batch is its first guess (h200-default's flash_gradcp_chunked: 2,244)."""
+    from memopt.report.paper_tables import _fit_at_budget
+
+    capped = {"status": "capped", "predicted_batch": 2244, "fixed_mib": 1441.48,
+              "per_sample_mib": 72.07, "budget_mib": 141355.125}  # fmt: skip
+    assert _fit_at_budget(capped) == 1941  # (141,355 - 1,441) // 72.07
+    assert _fit_at_budget({**capped, "fit_limit_mib": 141099.125}) == 1937  # the slack's limit
+    assert _fit_at_budget({**capped, "status": "ok"}) == 2244  # the search's own, from its fit
+    assert _fit_at_budget({**capped, "per_sample_mib": None}) is None

@@ -127,6 +127,17 @@ def _results_notes(ctx: dict) -> list[str]:
     return notes
 
 
+def _fit_at_budget(s: dict) -> int | None:
+    """The batch the search's linear fit puts at its limit (what a capped search's first guess
+    is not): the search's own prediction where it made one from the fit, else the fit's."""
+    if s["status"] != "capped":
+        return s.get("predicted_batch")
+    fixed, per = s.get("fixed_mib"), s.get("per_sample_mib")
+    if fixed is None or not per:
+        return None
+    return int(((s.get("fit_limit_mib") or s["budget_mib"]) - fixed) // per)
+
+
 def search_table(ctx: dict) -> Table:
     searches, cfg = ctx["searches"], ctx["config"]["search"]
     budgets = [s["budget_mib"] for s in searches if s.get("budget_mib")]
@@ -163,7 +174,7 @@ def search_table(ctx: dict) -> Table:
         if fitted:
             err = s.get("prediction_error")
             known = err is not None and s["status"] != "capped"
-            row += [num(s.get("predicted_batch"), 0), f"{err:+,}" if known else "n/a"]
+            row += [num(_fit_at_budget(s), 0), f"{err:+,}" if known else "n/a"]
         rows.append(row)
     columns = ["technique", "max batch", "status", "trials", "first failing batch",
                "search time (s)", "fixed (MiB)", "per sample (MiB)"]  # fmt: skip
