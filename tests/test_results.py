@@ -181,6 +181,17 @@ def test_incremental_effects_and_changes_against_the_baseline():
     for c in cells:
         c["step_time_ms_rel_ci95"] = 0.02
     assert not any(r["within_noise"] for r in incremental_effects(cells))
+    # a cell whose steps are not steady marks its pairs (the paper then draws no mechanism), with
+    # the ratio of the medians beside the means'
+    cells[2].update(unstable="10th-90th percentile spread 26% of the median",
+                    step_time_ms_median=10.0)  # fmt: skip
+    cells[1]["step_time_ms_median"] = 25.0
+    pairs = {(r["technique"], r["over"]): r for r in incremental_effects(cells)}
+    assert pairs[("flash", "bf16")]["unstable"] == ["flash"]
+    assert pairs[("flash", "bf16")]["median_speedup"] == 2.5
+    assert pairs[("local128", "flash")]["unstable"] == ["flash"]
+    assert pairs[("bf16", "baseline")]["unstable"] == []
+    assert pairs[("bf16", "baseline")]["median_speedup"] is None  # no medians there
     rel = {(r["technique"], r["batch_entry"]): r for r in relative_to_baseline(cells, "baseline")}
     assert rel[("bf16", "same")]["memory_reduction_pct"] == pytest.approx(10.0)
     assert rel[("flash", "max")]["speedup"] == pytest.approx(9.99)
