@@ -154,7 +154,8 @@ def breakdown_cell(technique, kernel, precision, weights, optimizer, activations
                    tokens_per_s, **knobs):  # fmt: skip
     return {
         "technique": technique, "batch_entry": "same", "batch_size": 50, "status": "ok",
-        "kernel": kernel, "precision": precision, "window": None, "checkpointing": "none",
+        "kernel": kernel, "attention": kernel, "precision": precision, "window": None,
+        "checkpointing": "none",
         "loss": "standard", "optimizer": "adamw", "offload": "none", "compile": False,
         "weights_mib": weights, "gradients_mib": weights, "optimizer_state_mib": optimizer,
         "activations_mib": activations, "logits_mib": logits, "offloaded_mib": 0.0,
@@ -183,10 +184,11 @@ def test_mechanisms_explain_each_part_that_moved_with_its_numbers():
         ),  # fmt: skip
         breakdown_cell("half", "math", "bf16", 421, 842, 70169, 3125, 77750, 108227),
         breakdown_cell("fused", "flash", "bf16", 421, 842, 26985, 3125, 34565, 390062),
+        breakdown_cell("fused2", "flash", "bf16", 421, 842, 26985, 3125, 34565, 390062),
     ]
     exact = [{"technique": "ckpt", "reference": "base", "max_abs_diff": 0.0, "steps": 50}]
     text = {m["technique"]: m["text"] for m in mechanisms(cells, "base", exact, model)}
-    assert list(text) == ["ckpt", "half", "fused"]
+    assert list(text) == ["ckpt", "half", "fused", "fused2"]
     ckpt = text["ckpt"]
     assert "Peak 22,219 MiB against the baseline's 78,940 MiB (71.9% less)." in ckpt
     assert "58,860 MiB to 2,138 MiB (-56,722), because checkpointing keeps only" in ckpt
@@ -204,6 +206,10 @@ def test_mechanisms_explain_each_part_that_moved_with_its_numbers():
     assert (
         "the fused flash attention kernel never stores" in fused and "28,800 MiB per FP32" in fused
     )
+    # the arithmetic once; a speed cause only where one knob changed (here: precision alone)
+    assert "keeps (28,800 MiB per FP32 copy, as above)" in text["fused2"]
+    assert "changes precision and attention at once, so this ratio credits none" in fused
+    assert "credits none" not in half and "credits none" not in ckpt
     assert mechanisms(cells[1:], "base", exact, model) == []  # no baseline cell: nothing to say
 
 
