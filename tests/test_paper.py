@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from synthetic_study import CONFIG, QUALITY_LOSS, TECHNIQUES, TEMPLATES, make_cell, md_table, render
 
 from memopt.errors import MemoptError
@@ -345,6 +346,19 @@ def test_the_printed_config_says_the_slack_the_searches_used():
     cfg["search"]["from_plan"] = True  # searches from before it: false, as they ran
     assert "from_plan: false\n" in config_yaml(cfg, [old]) + "\n"
     assert "from_plan: true\n" in config_yaml(cfg, [{**new, "plan_batch": None}]) + "\n"
+
+
+def test_the_printed_config_lists_a_techniques_knobs_away_from_their_defaults():
+    from memopt.config import validate_config
+
+    cfg = validate_config({"techniques": {"base": {}, "fast": {"precision": "bf16",
+                                                              "attention": "flash"}},
+                           "baseline": "base"})  # fmt: skip
+    assert len(cfg["techniques"]["fast"]) > 10  # validation fills every knob
+    text = config_yaml(cfg)
+    assert "  base: {}\n  fast:\n    precision: bf16\n    attention: flash\n" in text
+    assert "checkpointing" not in text and "lr_scale" not in text
+    assert yaml.safe_load(text)["model"] == cfg["model"]  # the rest as it is
 
 
 def test_incremental_effects_table_matches_summary(study, tmp_path):

@@ -16,6 +16,7 @@ import yaml
 
 from memopt.errors import MemoptError
 from memopt.fileio import atomic_path
+from memopt.knobs import defaults
 from memopt.redact import redact
 
 
@@ -148,10 +149,16 @@ def config_yaml(config: dict, searches: list[dict] = ()) -> str:
     """The study config as the paper prints it: YAML in the config's own order, credentials in
     URLs redacted (memopt.redact), ASCII only (other characters as YAML escapes). A search key
     added after the study's searches ran (SEARCH_KEYS_SINCE) says what they ran with, not the
-    default they never used."""
+    default they never used. A technique lists only the knobs it sets away from their defaults
+    (memopt.knobs: every technique repeated all of them, pages of YAML)."""
     for key, (field, before) in SEARCH_KEYS_SINCE.items():
         if searches and all(field not in s for s in searches) and "search" in config:
             config = {**config, "search": {**config["search"], key: before}}
+    if isinstance(config.get("techniques"), dict):
+        d = defaults()
+        config = {**config, "techniques": {
+            name: {k: v for k, v in spec.items() if k not in d or v != d[k]}
+            for name, spec in config["techniques"].items()}}  # fmt: skip
     return yaml.safe_dump(redact(config), sort_keys=False, allow_unicode=False).rstrip()
 
 
