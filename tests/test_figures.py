@@ -170,3 +170,34 @@ def test_placed_labels_never_overlap():
              for xy, t in labels]  # fmt: skip
     boxes = [t.get_window_extent(renderer) for t in naive]
     assert any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_throughput_bars_carry_their_interval_and_memory_bars_none():
+    """Issue 37: error bars where there are intervals: tokens/s has its mean step time's 95%
+    interval (step_time_ms_rel_ci95); peak memory is one number, with none."""
+    import pandas as pd
+    from matplotlib.container import ErrorbarContainer
+
+    from memopt.report.figures import _bar_figure
+
+    summary = pd.DataFrame(
+        [
+            {
+                "technique": t,
+                "batch_entry": "same",
+                "batch_size": 8,
+                "status": "ok",
+                "tokens_per_s": 1000.0 * (i + 1),
+                "peak_allocated_mib": 100.0 * (i + 1),
+                "step_time_ms_rel_ci95": 0.05,
+            }
+            for i, t in enumerate(("a", "b", "c"))
+        ]  # fmt: skip
+    )
+    speed = _bar_figure(summary, "tokens_per_s", "tokens/s", "t", rel_err="step_time_ms_rel_ci95")
+    bars = [c for c in speed.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 3
+    low, high = bars[2].lines[2][0].get_segments()[0][:, 1]
+    assert (low, high) == pytest.approx((2850.0, 3150.0))  # 3,000 ± 5%
+    memory = _bar_figure(summary, "peak_allocated_mib", "MiB", "m")
+    assert not [c for c in memory.axes[0].containers if isinstance(c, ErrorbarContainer)]

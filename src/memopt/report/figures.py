@@ -51,8 +51,11 @@ from memopt.report.results import (
 )
 
 
-def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
-    """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column."""
+def _bar_figure(
+    summary, column: str, ylabel: str, title: str, rel_err: str | None = None
+) -> Figure:
+    """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column;
+    with `rel_err` (a relative 95% interval column), its error bar on each measured bar."""
     techniques = list(dict.fromkeys(summary["technique"]))
     entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
     colors, hatches = technique_colors(summary), entry_hatches(entries)
@@ -77,9 +80,13 @@ def _bar_figure(summary, column: str, ylabel: str, title: str) -> Figure:
             ax.bar(
                 x, value, width, color=colors[technique], hatch=hatches[entry], edgecolor="white"
             )
+            rel = float(row[rel_err]) if rel_err and row.get(rel_err) == row.get(rel_err) else 0.0
+            if rel:  # (NaN: no interval recorded)
+                ax.errorbar(x, value, yerr=rel * value, fmt="none", ecolor="black", elinewidth=0.8,
+                            capsize=2)  # fmt: skip
             ax.text(
                 x,
-                value + 0.01 * ymax,
+                value * (1 + rel) + 0.01 * ymax,
                 f"{short_label(value)}\n{batch}",
                 ha="center",
                 va="bottom",
@@ -338,7 +345,11 @@ def make_figures(
             "Peak allocated memory per step (incl. optimizer)",
         ),
         "throughput": lambda: _bar_figure(
-            summary, "tokens_per_s", "throughput (tokens/s)", "Training throughput"
+            summary,
+            "tokens_per_s",
+            "throughput (tokens/s)",
+            "Training throughput (whiskers: 95% interval of the mean step time)",
+            rel_err="step_time_ms_rel_ci95",
         ),
         "loss": lambda: loss_figure(runs, function_colors(summary)),
         "positions": lambda: positions_figure(runs, function_colors(summary)),
