@@ -97,9 +97,10 @@ def test_the_story_derives_its_numbers_from_the_results(context):
     )
     flash = _cell(context, "flash")
     share = s["fused_share"]
-    assert share["share"] == pytest.approx(1 - flash["activations_mib"] / base["activations_mib"])
-    # the v2 study has bf16 with the explicit kernel: the fused kernel's part is separated
-    assert (share["technique"], share["with_precision"]) == ("flash", None)
+    # the v2 study has bf16 with the explicit kernel: the one-knob pair, the fused kernel's part
+    bf16 = _cell(context, "bf16")
+    assert share["share"] == pytest.approx(1 - flash["activations_mib"] / bf16["activations_mib"])
+    assert (share["technique"], share["over"], share["with_precision"]) == ("flash", "bf16", None)
     # In gradcp the backward pass's working memory (the logits' gradient) exceeds all that is
     # kept; in flash_gradcp it does not: only gradcp is logits-bound.
     assert [t["technique"] for t in s["logits_bound"]] == ["gradcp"]
@@ -110,11 +111,12 @@ def test_the_story_derives_its_numbers_from_the_results(context):
     assert s["explicit_16bit"]["technique"] == "bf16"
     assert s["explicit_16bit"]["activations_mib"] > s["explicit_16bit"]["baseline_activations_mib"]
     assert s["bitwise_identical"] == ["gradcp"]
-    ratios = []
+    ratios = []  # by the median step: sequences a second at the max over those at the same batch
     for c in context["cells"]:
         same = _cell(context, c["technique"])
         if c["batch_entry"] == "max" and not c.get("measured_as") and c["batch_size"] > 50:
-            ratios.append(c["tokens_per_s"] / same["tokens_per_s"] - 1)
+            per_s = c["batch_size"] / c["step_time_ms_median"]
+            ratios.append(per_s / (same["batch_size"] / same["step_time_ms_median"]) - 1)
     speed = s["batch_speed"]
     assert {k: speed[k] for k in ("lo", "hi", "n", "threshold")} == {
         "lo": min(ratios),
@@ -122,7 +124,9 @@ def test_the_story_derives_its_numbers_from_the_results(context):
         "n": len(ratios),
         "threshold": 0.05,
     }
-    assert speed["gainers"] == [] and max(ratios) < 0.05  # this study: none gains 5%
+    # a gainer gains 5% at least (by the median), beyond noise
+    assert all(g["change"] >= 0.05 for g in speed["gainers"])
+    assert len(speed["gainers"]) <= sum(r >= 0.05 for r in ratios)
 
 
 def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):
@@ -135,8 +139,12 @@ def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):
         same = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "same")
         top = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "max")
         top["tokens_per_s"] = 1.2 * same["tokens_per_s"]
+        # the medians say the same (the paragraph's ratio is by the median step)
+        top["step_time_ms_median"] = (
+            same["step_time_ms_median"] * top["batch_size"] / same["batch_size"] / 1.2
+        )
         same["step_time_ms_rel_ci95"] = top["step_time_ms_rel_ci95"] = rel_ci
-        return _batch_speed(cells)["gainers"]
+        return [g for g in _batch_speed(cells)["gainers"] if g["technique"] == "flash"]
 
     (gain,) = with_flash_max(0.01)
     assert gain["technique"] == "flash" and gain["change"] == pytest.approx(0.2)
