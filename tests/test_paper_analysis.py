@@ -104,7 +104,9 @@ def test_recommendations_follow_from_the_data():
     )
     best = rows["best quality per GPU-hour"]
     assert (best["winner"], best["runner_up"]) == ("quick", "base")
-    assert best["figure"] == "3,050 tokens/s at batch 12, validation loss 5.4400 (seeds 5.4200–5.4600)"
+    assert (
+        best["figure"] == "3,050 tokens/s at batch 12, validation loss 5.4400 (seeds 5.4200–5.4600)"
+    )
 
 
 def test_two_searches_stopped_at_one_cap_tie_for_the_largest_batch():
@@ -241,3 +243,23 @@ def test_the_peak_parts_add_up_to_the_peak():
     assert sum(parts[k] for k in drawn) == pytest.approx(78940)
     assert parts["working"] == pytest.approx(78940 - 421 - 842 - 65110)
     assert peak_parts(c | {"activations_mib": float("nan")}) == {}  # not measured: nothing
+
+
+def test_compilations_one_time_cost_and_when_it_is_repaid():
+    """Issue 37: 'best quality per GPU-hour' named `compiled` without its compilation; the cost
+    column now says when the faster technique's longer warm-up is repaid (h200-default's cells:
+    compiled at 340 against local128 at 90)."""
+    from memopt.report.paper_analysis import break_even_tokens, one_time_s
+
+    compiled = {"warmup_s": 25.892491, "warmup_steps": 3, "step_time_ms_mean": 718.705151,
+                "tokens_per_s": 484426.749439}  # fmt: skip
+    local = {"warmup_s": 5.648034, "warmup_steps": 3, "step_time_ms_mean": 204.119695,
+             "tokens_per_s": 451499.792082}  # fmt: skip
+    assert one_time_s(compiled) == pytest.approx(25.892491 - 3 * 0.718705151)
+    even = break_even_tokens(compiled, local)
+    extra = one_time_s(compiled) - one_time_s(local)
+    assert even["extra_s"] == pytest.approx(extra) and 18 < extra < 19
+    assert even["tokens"] == pytest.approx(extra / (1 / 451499.792082 - 1 / 484426.749439))
+    assert 120e6 < even["tokens"] < 130e6  # the 7M-token quality runs never repay it
+    assert break_even_tokens(local, compiled) is None  # slower, and no longer warm-up
+    assert break_even_tokens(compiled, {**local, "warmup_s": None}) is None

@@ -151,9 +151,10 @@ def recommendations(
     )
     good = _as_good_as_the_best(quality)
     quality_fastest = {t: c for t, c in fastest.items() if q.get(t, {}).get("function") in good}
+    ranked = _ranked(quality_fastest, lambda c: c["tokens_per_s"])
     row(
         "best quality per GPU-hour",
-        _ranked(quality_fastest, lambda c: c["tokens_per_s"]),
+        ranked,
         lambda c: (
             f"{c['tokens_per_s']:,.0f} tokens/s at batch {c['batch_size']:,}, validation loss "
             + _loss_with_spread(q[c["technique"]]["val_loss"])
@@ -161,7 +162,31 @@ def recommendations(
         lambda c: f"{c['peak_allocated_mib']:,.0f} MiB peak",
         within_noise,
     )
+    if len(ranked) > 1 and (even := break_even_tokens(ranked[0], ranked[1])) is not None:
+        rows[-1]["cost"] += (
+            f"; a one-time {even['extra_s']:,.0f} s more than {ranked[1]['technique']}'s "
+            f"(warm-up, compilation included), repaid after {even['tokens'] / 1e6:,.0f}M tokens"
+        )
     return rows
+
+
+def one_time_s(c: dict) -> float | None:
+    """A cell's warm-up beyond its warm-up steps at the timed step time: compilation, autotuning
+    and first-touch costs (as this run paid them, with whatever compile caches it found)."""
+    if c.get("warmup_s") is None or c.get("warmup_steps") is None:
+        return None
+    return c["warmup_s"] - c["warmup_steps"] * c["step_time_ms_mean"] / 1e3
+
+
+def break_even_tokens(win: dict, other: dict) -> dict | None:
+    """The training tokens after which `win` (faster) has repaid its longer one-time warm-up
+    against `other`: extra / (1 / other's tokens/s - 1 / win's). None where it pays nothing
+    extra, is not faster, or a warm-up was not recorded."""
+    a, b = one_time_s(win), one_time_s(other)
+    if a is None or b is None or a <= b or win["tokens_per_s"] <= other["tokens_per_s"]:
+        return None
+    saved = 1 / other["tokens_per_s"] - 1 / win["tokens_per_s"]  # seconds a token
+    return {"extra_s": a - b, "tokens": (a - b) / saved}
 
 
 def _loss_with_spread(loss: dict) -> str:
