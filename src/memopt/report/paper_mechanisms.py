@@ -11,10 +11,8 @@ templates (technique names and numbers are the only data in it).
 
 from __future__ import annotations
 
-from memopt.knobs import BY_NAME
-from memopt.knobs import groups as knob_groups
 from memopt.report.paper_format import mib as _mib
-from memopt.report.results import ok_cells
+from memopt.report.results import changed_groups, ok_cells
 
 # Explicit attention kernels keep the T x T scores and probabilities; the others are fused.
 _EXPLICIT = {"math"}
@@ -229,8 +227,7 @@ def mechanism(
         if c.get("hfu") is not None and c["hfu"] > c["mfu"] * 1.001:
             util += f"; HFU {100 * c['hfu']:.1f}% with the recomputation counted"
         util += ")"
-    changed = [g for g, keys in knob_groups().items()
-               if any(BY_NAME[k].value_in(c) != BY_NAME[k].value_in(base) for k in keys)]  # fmt: skip
+    changed = changed_groups(c, base)
     causes = _speed_causes(c, base, ratio > 1) if len(changed) == 1 else []
     why = ": " + "; ".join(causes) if causes else ""
     if len(changed) > 1:  # a cause only from a one-knob pair (Section 4, Table 7)

@@ -252,6 +252,15 @@ def within_noise(a: dict, b: dict) -> bool:
     )
 
 
+def changed_groups(a: dict, b: dict) -> list[str]:
+    """The knob groups (mechanisms) in which two cells' knobs differ, in registry order."""
+    return [
+        g
+        for g, keys in knob_groups().items()
+        if any(BY_NAME[k].value_in(a) != BY_NAME[k].value_in(b) for k in keys)
+    ]
+
+
 def incremental_effects(cells: list[dict]) -> list[dict]:
     """At the `same` batch, every pair of techniques whose knobs differ in exactly one group
     (precision, attention kernel/window, checkpointing, compile): the effect of that change, from
@@ -263,11 +272,7 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
         for name, cell in same.items():
             if order.index(name) <= order.index(base_name):
                 continue
-            groups = [
-                g
-                for g, keys in knob_groups().items()
-                if any(BY_NAME[k].value_in(cell) != BY_NAME[k].value_in(base) for k in keys)
-            ]
+            groups = changed_groups(cell, base)
             if len(groups) != 1:
                 continue
             keys = knob_groups()[groups[0]]

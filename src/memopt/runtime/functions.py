@@ -2,11 +2,10 @@
 
 Two techniques compute the same function when they do the same arithmetic on the same inputs:
 the same precision, the same attention pattern (window), the same optimizer, learning rate and
-block. The attention
-kernel, activation checkpointing, compilation (and its memory budget), the loss's kernel,
-in-backward updates, offloading, gradient accumulation and data parallelism (with or without
-sharding) change how the function is computed (speed, memory), not what it is, so they share one
-quality run; the exactness check verifies that they do. Torch-free: the Snakefile imports it to build the DAG.
+block. The attention kernel, activation checkpointing, compilation (and its memory budget), the
+loss's kernel, in-backward updates, offloading, gradient accumulation and data parallelism (with
+or without sharding) change how the function is computed (speed, memory), not what it is, so
+they share one quality run; the exactness check verifies that they do. Torch-free: the Snakefile imports it to build the DAG.
 """
 
 from __future__ import annotations
