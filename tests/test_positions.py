@@ -44,6 +44,30 @@ def test_evaluation_reports_each_bucket_and_the_same_whole_loss(tiny_study):
     assert blend == pytest.approx(scored["loss"], abs=1e-6)
 
 
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_evaluation_runs_either_block_in_the_explicit_fp32_kernel(tiny_study, block):
+    """Every function is scored alike: the training kernel (on a GPU the auto kernel, cuDNN or
+    flash, which refuse FP32) is swapped for the explicit one in both blocks' attention."""
+    from memopt.jobs.quality import _explicit_fp32
+    from memopt.runtime.attention import math_attention
+    from memopt.runtime.step import prepare
+
+    cfg, data = tiny_study
+    spec = {**cfg["techniques"]["baseline"], "block": None if block == "gpt2" else block}
+    model = prepare(cfg, spec, data, 4, "cpu", 1234)[0].model
+    attention = [m for m in model.modules() if hasattr(m, "attend")]
+    assert len(attention) == cfg["model"]["n_layers"]
+
+    def training_kernel(q, k, v, window=None):
+        raise AssertionError("scored with the training kernel")
+
+    for m in attention:
+        m.attend = training_kernel
+    with _explicit_fp32(model):
+        assert all(m.attend is math_attention for m in attention)
+    assert all(m.attend is training_kernel for m in attention)
+
+
 def test_a_quality_run_records_loss_by_position(tiny_study):
     cfg, data = tiny_study
     cfg = {**cfg, "quality": {**cfg["quality"], "tokens": 32 * 32 * 3, "position_buckets": [4, 16]}}

@@ -28,7 +28,7 @@ from memopt.runtime.attention import math_attention, resolve_kernel, second_kern
 from memopt.runtime.divergence import Diverged, LossWatch
 from memopt.runtime.functions import function_of, quality_spec
 from memopt.runtime.measure import device_name
-from memopt.runtime.model import SelfAttention
+from memopt.runtime.model import LlamaAttention, SelfAttention
 from memopt.runtime.precision import set_precision_flags
 from memopt.runtime.step import free_memory, limit_gpu_memory, prepare, train_step
 from memopt.runtime.techniques import eval_model, forget_compiled
@@ -36,8 +36,9 @@ from memopt.runtime.techniques import eval_model, forget_compiled
 
 @contextlib.contextmanager
 def _explicit_fp32(model: torch.nn.Module):
-    """Evaluate every function the same way: FP32, TF32 off, the explicit kernel (window kept)."""
-    attn = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    """Evaluate every function the same way: FP32, TF32 off, the explicit kernel (window kept),
+    in either block's attention (memopt.runtime.model)."""
+    attn = [m for m in model.modules() if isinstance(m, (SelfAttention, LlamaAttention))]
     saved = [m.attend for m in attn]
     tf32 = torch.backends.cuda.matmul.allow_tf32
     set_precision_flags("fp32")
