@@ -30,6 +30,9 @@ from memopt.report.paper_gpus import gpus_used
 from memopt.report.paper_mechanisms import mechanisms
 from memopt.report.paper_prose import citations, render_prose
 from memopt.report.paper_reference import reference_comparison
+from memopt.report.quality_paper import SECTIONS as QUALITY_SECTIONS
+from memopt.report.quality_paper import figure_names as quality_figures
+from memopt.report.quality_paper import quality_context, quality_focus
 from memopt.report.results import (
     FIGURE_NAMES,
     INT_COLUMNS,
@@ -368,16 +371,24 @@ def render_paper(
         exactness_paths=exactness_paths,
     )
     context["tables"] = paper_tables.build(context)  # defined once, rendered to both formats
+    name, names, prose_args = "paper", FIGURE_NAMES, {}
+    if quality_focus(config):  # a study of quality: its own paper (memopt.report.quality_paper)
+        context |= quality_context(context)
+        name, names = "quality", quality_figures(context)
+        prose_args = {"sections": QUALITY_SECTIONS, "folder": "quality"}
     cite, context["cited"] = citations(Path(templates_dir).parent / "literature.yaml")
     prose = render_prose(
-        make_environment(Path(templates_dir), False), {**context, "cite": cite}, _render
+        make_environment(Path(templates_dir), False),
+        {**context, "cite": cite},
+        _render,
+        **prose_args,
     )
     texts = {}
     for out, template, latex, ext in (
-        (out_md, "paper.md.j2", False, "png"),
-        (out_tex, "paper.tex.j2", True, "pdf"),
+        (out_md, f"{name}.md.j2", False, "png"),
+        (out_tex, f"{name}.tex.j2", True, "pdf"),
     ):
-        figures = figure_paths(figures_dir, out, ext)
+        figures = figure_paths(figures_dir, out, ext, names)
         env = make_environment(Path(templates_dir), latex)
         env.filters["table"] = tables.latex if latex else tables.markdown
         text = {name: both["tex" if latex else "md"] for name, both in prose.items()}

@@ -1,0 +1,85 @@
+"""The paper of a study whose question is quality (`paper.focus: quality`, config/quality.yaml):
+led by the paired verdicts, the functions and what they change, without the timing cells; its
+numbers those of the quality runs (tests/synthetic_study.py)."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+
+import pytest
+from synthetic_study import CONFIG, QUALITY_LOSS, TEMPLATES, md_table
+
+from memopt.config import validate_config
+from memopt.errors import ConfigError
+from memopt.report.paper import render_paper
+
+
+def render_quality(study, tmp_path):
+    out_md, out_tex = tmp_path / "quality.md", tmp_path / "quality.tex"
+    shutil.copytree(study["figures"], tmp_path / "figures")
+    render_paper(study["summary"], study["searches"], study["stats"], study["meta"],
+                 {**CONFIG, "paper": {"focus": "quality"}}, tmp_path / "figures", TEMPLATES,
+                 out_md, out_tex, quality_csv=study["quality_csv"],
+                 exactness_paths=study["exactness"])  # fmt: skip
+    return out_md.read_text(), out_tex
+
+
+def test_the_quality_paper_leads_with_the_verdicts_and_leaves_out_the_timing(paper_study, tmp_path):
+    text, _ = render_quality(paper_study, tmp_path)
+    title = text.splitlines()[0]
+    assert title.startswith("# What 2 training functions cost in quality against `fp32`")
+    assert "on NVIDIA H100 80GB HBM3" in title
+    assert "median step" not in text and "max batch" not in text  # no timing cell, no search
+    functions = {r["function"]: r for r in md_table(text, "what it changes")}
+    assert list(functions) == ["`fp32`", "`bf16`", "`bf16_w128`"]
+    assert functions["`fp32`"]["what it changes"] == "the reference"
+    assert functions["`bf16_w128`"]["what it changes"] == (
+        "BF16 autocast, FP32 master weights; a sliding window of 128 tokens"
+    )
+    assert functions["`bf16_w128`"]["techniques"] == "`local128`"
+    verdicts = {r["function"]: r["verdict"] for r in md_table(text, "verdict")}
+    assert verdicts == {"fp32": "", "bf16": "inconclusive", "bf16_w128": "worse"}
+    # the window's paired differences 0.20 and 0.21: mean 0.205
+    assert "`bf16_w128` is worse by 0.205 nats" in text
+    assert "`bf16` cannot be told from `fp32` with 2 paired seeds" in text
+    assert "No function is shown equivalent" in text
+    assert "cannot be told from `fp32`: each costs at most its interval's upper end" in text
+
+
+def test_what_the_runs_took_and_where_they_ran(paper_study, tmp_path):
+    text, _ = render_quality(paper_study, tmp_path)
+    rows = {r["function"]: r for r in md_table(text, "train s per run")}
+    assert list(rows) == list(QUALITY_LOSS)
+    # each function: seeds of 2.5 and 3.5 training seconds, 40,960 tokens, 3.0 s wall each
+    assert rows["fp32"]["train s per run"] == "3"
+    rate = statistics.fmean([40_960 / 2.5, 40_960 / 3.5])
+    assert rows["fp32"]["tokens/s"] == f"{rate:,.0f}"
+    assert rows["fp32"]["GPU-hours"] == "0.00" and rows["fp32"]["runs"] == "2"
+    assert "H100, UUID `GPU-1`: 6 quality runs." in text
+    assert "Code: git commit `abc123`." in text
+    assert "![Figure 1:" in text and "figures/loss.png" in text
+    assert "positions.png" not in text  # these runs recorded no loss by position
+
+
+def test_the_quality_paper_in_latex(paper_study, tmp_path):
+    _, out_tex = render_quality(paper_study, tmp_path)
+    tex = out_tex.read_text()
+    assert r"\includegraphics[width=\linewidth]{figures/loss.pdf}" in tex
+    assert (
+        r"\VAR{" not in tex
+        and r"\BLOCK{" not in tex
+        and "bf16_w128" not in tex.replace(r"bf16\_w128", "")
+    )
+    if shutil.which("pdflatex"):
+        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                               out_tex.name], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_the_focus_is_checked():
+    assert validate_config({"techniques": {"baseline": {}}})["paper"] == {"focus": "timing"}
+    with pytest.raises(ConfigError, match="paper.focus"):
+        validate_config({"techniques": {"baseline": {}}, "paper": {"focus": "speed"}})
