@@ -18,7 +18,7 @@ def test_figures_exist_as_pdf_and_png(tmp_path):
     )
     names = sorted(p.name for p in paths)
     expected = sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in ("pdf", "png"))
-    assert len(expected) == 2 * 11
+    assert len(expected) == 2 * 10
     assert names == expected
     for path in paths:
         head = path.read_bytes()[:8]
@@ -201,3 +201,61 @@ def test_throughput_bars_carry_their_interval_and_memory_bars_none():
     assert (low, high) == pytest.approx((2850.0, 3150.0))  # 3,000 ± 5%
     memory = _bar_figure(summary, "peak_allocated_mib", "MiB", "m")
     assert not [c for c in memory.axes[0].containers if isinstance(c, ErrorbarContainer)]
+
+
+def _max_rows(batches: dict):
+    import pandas as pd
+
+    return pd.DataFrame([{"technique": t, "batch_entry": "max", "batch_size": b, "status": "ok"}
+                         for t, b in batches.items()])  # fmt: skip
+
+
+def test_maxima_spanning_decades_are_dots_on_a_log_axis_never_bars():
+    """Issue 37: a bar's length on a log axis means nothing; within a decade, bars on a linear one."""
+    from matplotlib.patches import Rectangle
+
+    from memopt.report.figures import _max_batch_figure
+
+    wide = _max_batch_figure(_max_rows({"a": 8, "b": 64, "c": 1068})).axes[0]
+    assert wide.get_xscale() == "log"
+    assert not [p for p in wide.patches if isinstance(p, Rectangle)]
+    assert sorted(line.get_xdata()[0] for line in wide.lines) == [8, 64, 1068]
+    narrow = _max_batch_figure(_max_rows({"a": 8, "b": 30, "c": 50})).axes[0]
+    assert narrow.get_xscale() == "linear"
+    assert sorted(p.get_width() for p in narrow.patches if isinstance(p, Rectangle)) == [8, 30, 50]
+
+
+def test_the_windows_figure_draws_paired_differences_with_their_interval_and_the_margin():
+    """Issue 37: no perplexities on a zoomed axis (noise on a 622-630 scale): each function's
+    paired difference from the baseline's function with its 95% interval, the margin a band."""
+    import pandas as pd
+    from matplotlib.container import ErrorbarContainer
+
+    from memopt.report.figures_batch import add_paired_quality, windows_figure
+    from memopt.report.paired import paired_verdict
+
+    summary = pd.DataFrame([
+        {"technique": t, "batch_entry": "same", "batch_size": 8, "status": "ok", "function": f,
+         "window": w, "kernel": k, "attention": k, "tokens_per_s": 1000.0, "quality_status": "ok",
+         "peak_allocated_mib": 100.0}
+        for t, f, w, k in (("base", "bf16", float("nan"), "flash"), ("w128", "bf16_w128", 128, "flex"))
+    ])  # fmt: skip
+    losses = {"bf16": (5.40, 5.44, 5.50), "bf16_w128": (5.42, 5.47, 5.55)}
+    runs = [{"function": f, "seed": s, "status": "ok", "val_loss": v}
+            for f, vs in losses.items() for s, v in zip((1, 2, 3), vs)]  # fmt: skip
+    paired = add_paired_quality(summary, runs, "base")
+    expected = paired_verdict([0.02, 0.03, 0.05], 1.0)
+    row = paired.set_index("technique").loc["w128"]
+    assert (row["dval"], row["dval_lo"], row["dval_hi"]) == pytest.approx(
+        (expected["mean"], expected["lo"], expected["hi"])
+    )
+    assert paired.set_index("technique").loc["base", "dval"] == 0.0
+    ax = windows_figure(paired, margin=0.02).axes[2]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    whiskers = [c.lines[2][0] for c in bars if c.lines[2]]  # the reference's point has none
+    assert len(bars) == 2 and len(whiskers) == 1
+    low, high = whiskers[0].get_segments()[0][:, 1]
+    assert (low, high) == pytest.approx((expected["lo"], expected["hi"]))
+    band = [p for p in ax.patches if p.get_y() == pytest.approx(-0.02)]
+    assert band and band[0].get_height() == pytest.approx(0.04)
+    assert not [p for p in ax.patches if p.get_width() == pytest.approx(0.7)]  # no bars

@@ -167,7 +167,7 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
     pages = text.split("\f")
     appendix = next(i for i, p in enumerate(pages) if re.search(r"^B\s+The configuration", p, re.M))
     figures = [i for i, p in enumerate(pages) for _ in re.finditer(r"Figure \d+:", p)]
-    assert len(figures) == 10 and max(figures) < appendix
+    assert len(figures) == 9 and max(figures) < appendix
     build = tmp_path / "tex"
     shutil.copytree(rendered / "paper", build)
     for _ in range(2):

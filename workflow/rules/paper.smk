@@ -34,6 +34,7 @@ rule figures:
         code=code("figures"),
     params:
         baseline=STUDY["baseline"],
+        margin=STUDY["quality"]["margin"],
     threads: 8  # one figure per process (memopt.report.figures_style.render_all)
     log:
         "logs/figures.log",

@@ -12,5 +12,6 @@ with logged(sm.log[0]):
         search_paths=[Path(p) for p in sm.input.searches],
         quality_paths=[Path(p) for p in sm.input.quality],
         baseline=sm.params.baseline,
+        margin=sm.params.margin,
         processes=sm.threads,
     )

@@ -17,6 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
 from memopt.report.figures_batch import (
+    add_paired_quality,
     memory_batch_figure,
     speed_batch_figure,
     windows_figure,
@@ -193,42 +194,6 @@ def _tradeoff_figure(summary) -> Figure:
     return fig
 
 
-def _memory_saved_figure(summary, baseline: str) -> Figure:
-    """Peak memory saved against the baseline at the `same` batch, one horizontal bar each."""
-    entry = main_entry(summary)
-    rows = summary[summary["batch_entry"] == entry]
-    others = rows[rows["technique"] != baseline]
-    fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(others))))
-    ax = fig.subplots()
-    ax.set_title(f"Peak memory saved vs {baseline}, {entry_label(entry)}")
-    base = rows[(rows["technique"] == baseline) & (rows["status"] == "ok")]
-    if base.empty or others.empty or base["peak_allocated_mib"].isna().all():
-        placeholder(ax, f"no ok '{baseline}' cell at this batch to compare with")
-        return fig
-    base_peak = float(base["peak_allocated_mib"].iloc[0])
-    colors = technique_colors(summary)
-    for i, row in enumerate(others.itertuples()):
-        if row.status != "ok" or row.peak_allocated_mib != row.peak_allocated_mib:
-            oom_hband(ax, i, 0.7, unmeasured(row.status))
-            continue
-        saved = 100 * (1 - row.peak_allocated_mib / base_peak)
-        ax.barh(i, saved, 0.7, color=colors[row.technique])
-        ax.text(
-            saved,
-            i,
-            f" {saved:.1f}% ",
-            va="center",
-            ha="left" if saved >= 0 else "right",
-            fontsize=7,
-        )
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(others)), others["technique"])
-    ax.set_ylim(len(others) - 0.5, -0.5)  # config order top to bottom
-    ax.set_xlim(min(0, ax.get_xlim()[0]) - 10, max(100, ax.get_xlim()[1]) + 5)
-    ax.set_xlabel(f"peak allocated memory saved (%, {baseline} = {base_peak:,.0f} MiB)")
-    return fig
-
-
 # The parts of the peak (memopt.report.paper_mechanisms): what exists when the peak is reached. The
 # gradients are not among them: at the peak, early in the backward pass, they do not exist yet.
 PEAK_PARTS = [
@@ -269,7 +234,8 @@ def _phases_figure(summary) -> Figure:
 
 def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
     """Each technique's `max` batch; one whose full run then ran out of memory (or diverged) is
-    hatched; one whose search stopped at its cap (`capped`) is labelled as a lower bound."""
+    drawn open, in red; one whose search stopped at its cap (`capped`) is labelled as a lower
+    bound. Maxima that span decades go on a log axis as dots: a bar's length means nothing there."""
     rows = summary[summary["batch_entry"] == "max"]
     fig = Figure(figsize=(6.0, 0.8 + 0.4 * max(1, len(rows))))
     ax = fig.subplots()
@@ -277,25 +243,40 @@ def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
     if rows.empty:
         placeholder(ax, "no max entries in this study")
         return fig
+    batches = rows["batch_size"].dropna()
+    log = not batches.empty and batches.max() > 10 * max(batches.min(), 1)  # spans decades
     for i, row in enumerate(rows.itertuples()):
         if row.batch_size != row.batch_size:  # no batch found at all
             oom_hband(ax, i, 0.7)
             continue
         batch = int(row.batch_size)
-        if row.status == "ok":
-            ax.barh(i, batch, 0.7, color=technique_colors(summary)[row.technique])
-            bound = f" ≥{batch} (the search's cap)" if row.technique in capped else f" {batch}"
-            ax.text(batch, i, bound, va="center", fontsize=7)
+        ok = row.status == "ok"
+        color = technique_colors(summary)[row.technique] if ok else "#B00020"
+        if log:
+            ax.plot(
+                batch, i, "o", markersize=7, color=color, markerfacecolor=color if ok else "none"
+            )
+        elif ok:
+            ax.barh(i, batch, 0.7, color=color)
         else:  # the search's batch, which then failed the full run: outline, never a solid bar
-            ax.barh(i, batch, 0.7, facecolor="none", edgecolor="#B00020", hatch="///")
-            label = f" {batch} ({unmeasured(row.status)} in full run)"
-            ax.text(batch, i, label, va="center", fontsize=7, color="#B00020")
+            ax.barh(i, batch, 0.7, facecolor="none", edgecolor=color, hatch="///")
+        label = (f" ≥{batch} (the search's cap)" if row.technique in capped else f" {batch}") if ok \
+            else f" {batch} ({unmeasured(row.status)} in full run)"  # fmt: skip
+        ax.text(
+            batch * (1.15 if log else 1),
+            i,
+            label,
+            va="center",
+            fontsize=7,
+            color=color if not ok else "black",
+        )
     ax.set_yticks(range(len(rows)), rows["technique"])
     ax.set_ylim(len(rows) - 0.5, -0.5)
-    batches = rows["batch_size"].dropna()
-    if not batches.empty and batches.max() > 10 * max(batches.min(), 1):  # spans decades
+    if log:
         ax.set_xscale("log")
-        ax.set_xlim(max(batches.min(), 1) / 2, batches.max() * 3)
+        ax.set_xlim(max(batches.min(), 1) / 2, batches.max() * 4)
+        ax.grid(axis="y", color="#dddddd", linewidth=0.6)
+        ax.set_axisbelow(True)
         ax.set_xlabel("batch size (sequences, log scale)")
     else:
         ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
@@ -310,28 +291,23 @@ def make_figures(
     search_paths: list[Path] = (),
     quality_paths: list[Path] = (),
     baseline: str = "baseline",
+    margin: float = 0.02,
     processes: int = 1,
 ) -> list[Path]:
     """Write every figure in FIGURE_NAMES as .pdf and .png into out_dir; return the paths.
     `processes` > 1 renders them in that many forked processes (memopt.report.figures_style.render_all).
 
     search_paths give memory_batch its trials and fits; quality_paths the quality runs (loss
-    against tokens; each technique's validation perplexity is its function's mean over seeds);
-    baseline names the technique that memory_saved compares against.
+    against tokens, loss by position, each technique's function's quality in `windows`);
+    baseline names the technique whose function the windows figure compares quality with (the
+    paired difference of validation loss, seed by seed, against `margin`, quality.margin).
     """
     summary = read_summary(summary_csv)
     searches = [read_json(Path(p)) for p in search_paths]
     runs = [read_json(Path(p)) for p in quality_paths]
-    ppl: dict[str, list[float]] = {}
+    # A function with a diverged seed has no quality to draw (no flattering mean over the rest).
     diverged = {run["function"] for run in runs if run["status"] == "diverged"}
-    for run in runs:
-        if run["status"] == "ok" and run["function"] not in diverged:  # no flattering mean
-            ppl.setdefault(run["function"], []).append(run["val_ppl"])
-    summary["val_ppl"] = (
-        summary["function"].map({f: sum(v) / len(v) for f, v in ppl.items()}).astype(float)
-    )
-    summary["val_ppl_lo"] = summary["function"].map({f: min(v) for f, v in ppl.items()})
-    summary["val_ppl_hi"] = summary["function"].map({f: max(v) for f, v in ppl.items()})
+    runs_ok = [run for run in runs if run["function"] not in diverged]
     summary["quality_status"] = summary["function"].map(
         lambda f: "diverged" if f in diverged else "ok"
     )
@@ -354,11 +330,10 @@ def make_figures(
         "loss": lambda: loss_figure(runs, function_colors(summary)),
         "positions": lambda: positions_figure(runs, function_colors(summary)),
         "tradeoff": lambda: _tradeoff_figure(summary),
-        "memory_saved": lambda: _memory_saved_figure(summary, baseline),
         "phases": lambda: _phases_figure(summary),
         "max_batch": lambda: _max_batch_figure(summary, capped_techniques(searches)),
         "memory_batch": lambda: memory_batch_figure(summary, searches),
         "speed_batch": lambda: speed_batch_figure(summary),
-        "windows": lambda: windows_figure(summary),
+        "windows": lambda: windows_figure(add_paired_quality(summary, runs_ok, baseline), margin),
     }
     return render_all({name: builders[name] for name in FIGURE_NAMES}, out_dir, processes)

@@ -20,6 +20,7 @@ from memopt.report.figures_style import (
     unmeasured,
     unmeasured_note,
 )
+from memopt.report.paired import paired_differences, paired_verdict
 
 
 def _cell_lines(ax, summary, column: str, colors: dict) -> dict:
@@ -162,13 +163,35 @@ def window_group(summary) -> list:
     return list(windowed.sort_values("window").itertuples()) + list(full.itertuples())
 
 
-def windows_figure(summary) -> Figure:
-    """Sliding windows against full attention: throughput, peak memory and validation perplexity."""
+def add_paired_quality(summary, runs: list[dict], baseline: str):
+    """summary with each technique's function's paired difference of validation loss from the
+    baseline's function (dval, dval_lo, dval_hi: mean and 95% interval over the paired seeds,
+    memopt.report.paired; the baseline's own function: 0, no interval)."""
+    summary = summary.copy()
+    ref = summary.loc[summary["technique"] == baseline, "function"]
+    ref = ref.iloc[0] if len(ref) else None
+    stats = {}
+    for function in summary["function"].dropna().unique():
+        diffs = paired_differences(runs, function, ref) if ref else []
+        v = paired_verdict(diffs, 1.0) if diffs else None
+        stats[function] = (0.0, None, None) if function == ref and diffs else (
+            (v["mean"], v["lo"], v["hi"]) if v else (None, None, None))  # fmt: skip
+    for i, key in enumerate(("dval", "dval_lo", "dval_hi")):
+        summary[key] = summary["function"].map({f: v[i] for f, v in stats.items()}).astype(float)
+    summary.attrs["quality_reference"] = ref
+    return summary
+
+
+def windows_figure(summary, margin: float = 0.02) -> Figure:
+    """Sliding windows against full attention: throughput, peak memory, and the quality of each
+    technique's function: its paired difference of validation loss from the baseline's function
+    with its 95% interval, against the equivalence margin (add_paired_quality)."""
     group = window_group(summary)
+    ref = summary.attrs.get("quality_reference")
     panels = [
         ("tokens_per_s", "tokens/s"),
         ("peak_allocated_mib", "peak allocated (MiB)"),
-        ("val_ppl", "val. perplexity (its function)"),
+        ("dval", f"Δ val. loss vs {ref} (nats;\nbars: 95% interval, band: ±margin)"),
     ]
     fig = Figure(figsize=(7.2, 3.0))
     axes = fig.subplots(1, len(panels))
@@ -186,27 +209,27 @@ def windows_figure(summary) -> Figure:
     colors = technique_colors(summary)
     for ax, (column, title) in zip(axes, panels):
         for i, row in enumerate(group):
-            value = getattr(row, column)
-            # The perplexity is the function's (quality runs), not the cell's.
-            status = row.quality_status if column == "val_ppl" else row.status
+            value = getattr(row, column, float("nan"))
+            # The quality is the function's (quality runs), not the cell's.
+            status = row.quality_status if column == "dval" else row.status
             if status != "ok" or value != value:
                 mark_unmeasured(ax, i, 0.7, unmeasured(status), "#B00020")
                 continue
-            if column == "val_ppl":  # a zoomed axis: bars from zero would hide the differences
-                lo, hi = getattr(row, "val_ppl_lo", value), getattr(row, "val_ppl_hi", value)
-                ax.errorbar(i, value, yerr=[[value - lo], [hi - value]], fmt="o", capsize=3,
-                            color=colors[row.technique])  # fmt: skip
-                ax.text(i, value, f" {value:,.1f}", ha="left", va="center", fontsize=6.5)
+            if column == "dval":  # an interval around a difference: a point, never a bar
+                lo, hi = row.dval_lo, row.dval_hi
+                err = [[value - lo], [hi - value]] if lo == lo and hi == hi else None
+                ax.errorbar(i, value, yerr=err, fmt="o", capsize=3, color=colors[row.technique])
+                ax.text(i + 0.12, value, f"{value:+.3f}", ha="left", va="center", fontsize=6.5)
                 continue
             ax.bar(i, value, 0.7, color=colors[row.technique])
             ax.text(i, value, short_label(value), ha="center", va="bottom", fontsize=6.5)
         ax.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=6.5)
         ax.set_xlim(-0.6, len(group) - 0.4)
         ax.set_title(title, fontsize=8)
-        # the perplexity axis is zoomed to a few units: whole numbers would repeat on its ticks
         ax.yaxis.set_major_formatter(
-            StrMethodFormatter("{x:,.1f}" if column == "val_ppl" else "{x:,.0f}")
+            StrMethodFormatter("{x:+.2f}" if column == "dval" else "{x:,.0f}")
         )
-    axes[-1].set_title("val. perplexity (its function;\nbars: the seeds' range)", fontsize=8)
+    axes[-1].axhline(0, color="black", linewidth=0.8)
+    axes[-1].axhspan(-margin, margin, color="#999999", alpha=0.2, linewidth=0)
     fig.tight_layout()
     return fig

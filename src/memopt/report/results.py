@@ -52,7 +52,6 @@ FIGURE_NAMES = (
     "speed_batch",
     "loss",
     "tradeoff",
-    "memory_saved",
     "windows",
     "phases",
     "max_batch",

@@ -168,6 +168,8 @@ def cmd_paper(args) -> None:
         out / "figures",
         search_paths=searches,
         quality_paths=runs,
+        baseline=study["baseline"],
+        margin=study["quality"]["margin"],
         processes=os.cpu_count() or 1,
     )
     render_paper(
