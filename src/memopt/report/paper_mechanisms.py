@@ -230,7 +230,7 @@ def mechanism(
     changed = changed_groups(c, base)
     causes = _speed_causes(c, base, ratio > 1) if len(changed) == 1 else []
     why = ": " + "; ".join(causes) if causes else ""
-    if len(changed) > 1:  # a cause only from a one-knob pair (Section 4, Table 7)
+    if len(changed) > 1:  # a cause only from a one-knob pair (Section 4, the increments table)
         knobs = ", ".join(changed[:-1]) + " and " + changed[-1]
         why = (f"; it changes {knobs} at once, so this ratio credits none of them (Section 4 "
                "compares one knob at a time)")  # fmt: skip

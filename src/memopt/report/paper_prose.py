@@ -80,7 +80,7 @@ GAIN = 0.05
 
 def _batch_speed(cells: list[dict]) -> dict | None:
     """How throughput changes from the `same` batch to each technique's own maximum batch, by
-    the median step time (the steady state: a few slow steps, Table 1's dagger, move the mean),
+    the median step time (the steady state: a few slow steps, the results table's dagger, move the mean),
     and which techniques gain from it beyond noise."""
     same = ok_cells(cells)
 
@@ -196,7 +196,7 @@ def _fastest_tf32(ctx: dict) -> float | None:
 
 
 def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
-    """Per compiled technique with an uncompiled twin (Table 7), what the compiled graph stops
+    """Per compiled technique with an uncompiled twin (the increments table), what the compiled graph stops
     keeping: the activations (logits included) it keeps less than the twin, beside one FP32 copy
     of the logits, which autocast makes for the cross-entropy. `loss_fused`: the two agree within
     5%, so the saving is that copy and the blocks keep what they kept."""
@@ -218,7 +218,7 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
 
 
 def _window_flops(ctx: dict) -> list[dict]:
-    """Per sliding-window technique with a fused full-attention twin (Table 7): attention's
+    """Per sliding-window technique with a fused full-attention twin (the increments table): attention's
     matmul FLOPs per token with and without the window, beside the model's, and the speed-up;
     `kernels` (twin's, its) where the pair changes the kernel too, so it does not separate the
     window from the kernel. A twin with the explicit kernel changes the kernel's kind: none."""

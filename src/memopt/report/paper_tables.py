@@ -1,7 +1,7 @@
 """The paper's tables, each defined once (memopt.report.tables: columns, rows, caption, notes) from
 the context memopt.report.paper builds; both formats render these same objects. Table numbers are
-those the prose cites (Table 1 ... Table 9); the techniques, reference, GPU and stage tables are
-not numbered. Text is the Markdown subset the prose uses: `code`, **bold**, *emphasis*."""
+memopt.report.tables.table_numbers (TABLE_ORDER), which the prose cites; the techniques, reference, GPU and stage
+tables are not numbered. Text is the Markdown subset the prose uses: `code`, **bold**, *emphasis*."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from memopt.report.paper_tables_effects import (
     references_table,
     relative_table,
 )
-from memopt.report.tables import Span, Table
+from memopt.report.tables import TABLE_ORDER, Span, Table, number, table_numbers
 
 
 def techniques_table(ctx: dict) -> Table:
@@ -85,7 +85,7 @@ def results_table(ctx: dict) -> Table:
             row.append(where["labels"].get(c.get("provenance_gpu_uuid"), "n/a"))
         rows.append(row)
     return Table(
-        columns, "lllrlrrrrrrrr" + "l" * bool(where["split"]), rows, caption, 1, "results",
+        columns, "lllrlrrrrrrrr" + "l" * bool(where["split"]), rows, caption, number(ctx, "results"), "results",
         _results_notes(ctx), layout="sideways",
     )  # fmt: skip
 
@@ -179,7 +179,15 @@ def search_table(ctx: dict) -> Table:
     columns = ["technique", "max batch", "status", "trials", "first failing batch",
                "search time (s)", "fixed (MiB)", "per sample (MiB)"]  # fmt: skip
     columns += ["predicted", "error"] * fitted
-    return Table(columns, "lrlrrrrr" + "rr" * fitted, rows, caption, 2, "search", layout="resize")
+    return Table(
+        columns,
+        "lrlrrrrr" + "rr" * fitted,
+        rows,
+        caption,
+        number(ctx, "search"),
+        "search",
+        layout="resize",
+    )
 
 
 def quality_table(ctx: dict) -> Table:
@@ -224,7 +232,16 @@ def quality_table(ctx: dict) -> Table:
     columns = ["function", "techniques", "kernel", "seeds", "val loss", "val ppl", "ppl range",
                "Δ val loss (95% CI)", "MDD", "verdict"]  # fmt: skip
     notes = ["\n".join(notes)] if notes else []
-    return Table(columns, "lllrrrrrrl", rows, caption, 3, "quality", notes, layout="resize")
+    return Table(
+        columns,
+        "lllrrrrrrl",
+        rows,
+        caption,
+        number(ctx, "quality"),
+        "quality",
+        notes,
+        layout="resize",
+    )
 
 
 def positions_table(ctx: dict) -> Table:
@@ -248,7 +265,9 @@ def positions_table(ctx: dict) -> Table:
             body.append([f"Δ {r['function']}"] + [
                 num(d["mean"], 3) + (f" [{num(d['lo'], 3)}, {num(d['hi'], 3)}]" if d["lo"] is not None else "")
                 for d in r["position_deltas"]])  # fmt: skip
-    return Table(columns, "l" + "r" * len(buckets), body, caption, None, "positions")
+    return Table(
+        columns, "l" + "r" * len(buckets), body, caption, number(ctx, "positions"), "positions"
+    )
 
 
 def optimal_table(ctx: dict) -> Table:
@@ -266,7 +285,7 @@ def optimal_table(ctx: dict) -> Table:
         "step: a rough figure)."
     )
     columns = ["technique", "max batch", "best timed cell", "best search trial", "best batch"]
-    return Table(columns, "lrrrr", rows, caption, 4, "optimal")
+    return Table(columns, "lrrrr", rows, caption, number(ctx, "optimal"), "optimal")
 
 
 def exactness_table(ctx: dict) -> Table:
@@ -328,7 +347,16 @@ def exactness_table(ctx: dict) -> Table:
             f"`{ref}`: {why}" for ref, why in unmeasured.items()) + ".")  # fmt: skip
     columns = ["technique", "function", "reference", "max abs Δ loss", "Δ final loss",
                "tolerance", "within tolerance"]  # fmt: skip
-    return Table(columns, "lllrrrl", rows, caption, 5, "exactness", notes, layout="shrink")
+    return Table(
+        columns,
+        "lllrrrl",
+        rows,
+        caption,
+        number(ctx, "exactness"),
+        "exactness",
+        notes,
+        layout="shrink",
+    )
 
 
 def gpus_table(ctx: dict) -> Table:
@@ -370,7 +398,8 @@ def stages_table(ctx: dict) -> Table:
 
 
 def build(ctx: dict) -> dict[str, Table | None]:
-    """Every table of the paper; None where the study has nothing to show in it."""
+    """Every table of the paper; None where the study has nothing to show in it. Sets ctx["tn"]:
+    the numbers of the numbered tables the study has (memopt.report.tables.table_numbers)."""
     has = {
         "relative": bool(ctx["relative"]),
         "increments": bool(ctx["increments"]),
@@ -382,6 +411,7 @@ def build(ctx: dict) -> dict[str, Table | None]:
         "stages": bool(ctx["stages"]["rows"]),
         "positions": any(r.get("positions") for r in ctx["quality"]["rows"]),
     }
+    ctx["tn"] = table_numbers(name for name in TABLE_ORDER if has.get(name, True))
     builders = {
         "techniques": techniques_table, "results": results_table, "search": search_table,
         "quality": quality_table, "optimal": optimal_table, "exactness": exactness_table,

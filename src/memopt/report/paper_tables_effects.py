@@ -1,11 +1,11 @@
 """The paper's tables of effects (memopt.report.tables; built by memopt.report.paper_tables):
-each cell against the baseline (Table 6), single-knob changes (Table 7), memory by kind (Table 8),
-recommendations (Table 9), and the comparison with earlier reports."""
+each cell against the baseline, single-knob changes, memory by kind, recommendations, and the
+comparison with earlier reports (numbered as memopt.report.tables.table_numbers says)."""
 
 from __future__ import annotations
 
 from memopt.report.paper_format import num
-from memopt.report.tables import Table
+from memopt.report.tables import Table, number
 
 
 def _x(value) -> str:
@@ -17,7 +17,7 @@ def relative_table(ctx: dict) -> Table:
     caption = (
         "each cell against the baseline at its maximum batch "
         f"({num(ctx['findings']['batch_size'], 0)}): throughput\nspeed-up and peak-memory "
-        "reduction (quality is a property of the function: Table 3).\n"
+        f"reduction (quality is a property of the function: Table {number(ctx, 'quality')}).\n"
     )
     if tf32:
         caption += (
@@ -41,7 +41,9 @@ def relative_table(ctx: dict) -> Table:
     ]
     columns = ["technique", "entry", "batch", "speed-up"] + ["vs TF32"] * bool(tf32)
     columns.append("memory reduction")
-    return Table(columns, "llrr" + "r" * bool(tf32) + "r", rows, caption, 6, "relative")
+    return Table(
+        columns, "llrr" + "r" * bool(tf32) + "r", rows, caption, number(ctx, "relative"), "relative"
+    )
 
 
 def increments_table(ctx: dict) -> Table:
@@ -52,7 +54,9 @@ def increments_table(ctx: dict) -> Table:
     ]  # fmt: skip
     caption = "incremental effects at the same batch: pairs of techniques that differ in one knob."
     columns = ["technique", "over", "knob", "change", "speed-up", "memory reduction"]
-    return Table(columns, "llllrr", rows, caption, 7, "increments", layout="resize")
+    return Table(
+        columns, "llllrr", rows, caption, number(ctx, "increments"), "increments", layout="resize"
+    )
 
 
 def memory_table(ctx: dict) -> Table:
@@ -94,7 +98,13 @@ def memory_table(ctx: dict) -> Table:
         row += [num(c[k], 0) for k in ("phase_after_forward_mib", "phase_after_backward_mib")]
         rows.append(row + [num(c["peak_allocated_mib"], 0)])
     return Table(
-        columns, "l" + "r" * (len(columns) - 1), rows, caption, 8, "memory", layout="resize"
+        columns,
+        "l" + "r" * (len(columns) - 1),
+        rows,
+        caption,
+        number(ctx, "memory"),
+        "memory",
+        layout="resize",
     )
 
 
@@ -114,9 +124,12 @@ def recommend_table(ctx: dict) -> Table:
         rows.append(
             [r["goal"].replace("GPU", hw), f"**{r['winner']}**", r["figure"], r["cost"], runner]
         )
-    caption = "recommendations, from the cells (Table 1) and the quality runs (Table 3)."
+    caption = (
+        f"recommendations, from the cells (Table {number(ctx, 'results')}) and the quality runs "
+        f"(Table {number(ctx, 'quality')})."
+    )
     return Table(
-        ["goal", "use", "its figure", "what it costs", "runner-up"], "lllll", rows, caption, 9,
+        ["goal", "use", "its figure", "what it costs", "runner-up"], "lllll", rows, caption, number(ctx, "recommend"),
         "recommend", size="footnotesize",
         colspec="@{}p{0.15\\linewidth}p{0.12\\linewidth}p{0.18\\linewidth}p{0.27\\linewidth}p{0.18\\linewidth}@{}",
     )  # fmt: skip

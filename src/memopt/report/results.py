@@ -282,7 +282,7 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
                     "knob": groups[0],
                     "change": f"{_describe(base, keys)} → {_describe(cell, keys)}",
                     "within_noise": within_noise(cell, base),
-                    # a cell whose steps are not steady (Table 1's †): no cause from this pair
+                    # a cell whose steps are not steady (the results table's †): no cause from this pair
                     "unstable": [c["technique"] for c in (base, cell) if c.get("unstable")],
                     "median_speedup": base["step_time_ms_median"] / cell["step_time_ms_median"]
                     if cell.get("step_time_ms_median") and base.get("step_time_ms_median")

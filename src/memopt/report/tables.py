@@ -13,6 +13,26 @@ from dataclasses import dataclass, field
 
 from memopt.report.paper_format import md_to_tex
 
+# The default paper's numbered tables in the order it shows them: the main text's, then the
+# appendix's (paper/templates/paper.{md,tex}.j2). Those a study has are numbered 1, 2, ... in this
+# order (table_numbers); captions and prose cite them by these numbers (`tn` in the templates).
+TABLE_ORDER = (
+    "relative", "search", "quality", "positions", "increments", "recommend",  # main text
+    "results", "memory", "exactness", "optimal",  # appendix
+)  # fmt: skip
+
+
+def number(ctx: dict, name: str) -> int | None:
+    """Table `name`'s number: ctx["tn"] (memopt.report.paper_tables.build sets it), else as if the
+    study had every table."""
+    return (ctx.get("tn") or table_numbers(TABLE_ORDER)).get(name)
+
+
+def table_numbers(present) -> dict[str, int]:
+    """{name: number} for the tables of TABLE_ORDER in `present`, numbered in that order."""
+    present = set(present)
+    return {name: i + 1 for i, name in enumerate(n for n in TABLE_ORDER if n in present)}
+
 
 @dataclass(frozen=True)
 class Span:
