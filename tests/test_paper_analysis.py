@@ -263,3 +263,28 @@ def test_compilations_one_time_cost_and_when_it_is_repaid():
     assert 120e6 < even["tokens"] < 130e6  # the 7M-token quality runs never repay it
     assert break_even_tokens(local, compiled) is None  # slower, and no longer warm-up
     assert break_even_tokens(compiled, {**local, "warmup_s": None}) is None
+
+
+def test_the_logits_index_limit_is_named_where_a_compiled_cell_passes_it():
+    """Issue 37: 2^31 logits elements (at 1,024 x 32,000 from 66 sequences): a compiled
+    technique's cells across it or past it are named, with the uncompiled twin's change."""
+    from memopt.report.paper_analysis import logits_step
+
+    def cell(t, entry, batch, ms, compile_=False):
+        return {"technique": t, "batch_entry": entry, "batch_size": batch, "status": "ok",
+                "step_time_ms_median": ms, "compile": compile_}  # fmt: skip
+
+    pair = [{"technique": "compiled", "over": "flash", "knob": "compile"}]
+    across = [cell("compiled", "same", 50, 100.0, True), cell("compiled", "max", 189, 390.0, True),
+              cell("flash", "same", 50, 130.0), cell("flash", "max", 117, 290.0)]  # fmt: skip
+    [step] = logits_step(across, 1024, 32000, pair)
+    assert step["last_within"] == 65 and not step["both_past"]
+    assert step["change"] == pytest.approx((189 / 390) / (50 / 100) - 1)
+    assert step["twin"] == "flash"
+    assert step["twin_step"]["change"] == pytest.approx((117 / 290) / (50 / 130) - 1)
+    past = [cell("compiled", "same", 90, 180.0, True), cell("compiled", "max", 340, 650.0, True)]
+    assert logits_step(past, 1024, 32000, [])[0]["both_past"]
+    within = [cell("compiled", "same", 20, 50.0, True), cell("compiled", "max", 60, 140.0, True)]
+    assert logits_step(within, 1024, 32000, []) == []
+    uncompiled = [cell("flash", "same", 50, 130.0), cell("flash", "max", 117, 290.0)]
+    assert logits_step(uncompiled, 1024, 32000, []) == []

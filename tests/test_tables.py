@@ -67,3 +67,27 @@ def test_a_capped_searchs_predicted_batch_is_its_fit_at_the_budget():
     assert _fit_at_budget({**capped, "fit_limit_mib": 141099.125}) == 1937  # the slack's limit
     assert _fit_at_budget({**capped, "status": "ok"}) == 2244  # the search's own, from its fit
     assert _fit_at_budget({**capped, "per_sample_mib": None}) is None
+
+
+def test_the_references_retry_cost_is_named_beside_the_ratios():
+    """Issue 37: a reference that retried cudaMalloc in its timed steps: its search trial at the
+    same batch (a fresh allocator) prices the retries next to every ratio, or says it sees none."""
+    from memopt.report.paper_tables_effects import _retry_sentence, retry_cost
+
+    def ctx(cell_ms, retries=13):
+        cell = {"technique": "baseline", "status": "ok", "batch_size": 50, "timed_steps": 13,
+                "allocator_alloc_retries": retries, "step_time_ms_median": cell_ms}  # fmt: skip
+        trials = [{"batch": 12, "fits": True, "last_step_ms": 285.0},
+                  {"batch": 50, "fits": True, "last_step_ms": 1144.0},
+                  {"batch": 51, "fits": False, "last_step_ms": None}]  # fmt: skip
+        return {"findings": {"batch_size": 50}, "cells": [cell],
+                "searches": [{"technique": "baseline", "trials": trials}]}  # fmt: skip
+
+    slow = retry_cost(ctx(1201.0), "baseline")
+    assert slow["cost"] == pytest.approx(1201 / 1144 - 1)
+    text = _retry_sentence(ctx(1201.0), "baseline", "speed-up")
+    assert "retried cudaMalloc in 13 of its 13 timed steps" in text
+    assert "took 1,144 ms against the cell's median of 1,201" in text
+    assert text.endswith(f"every speed-up would be {100 * (1 - 1144 / 1201):.1f}% smaller.")
+    assert "no slower" in _retry_sentence(ctx(1100.0), "baseline", "speed-up")
+    assert _retry_sentence(ctx(1201.0, retries=0), "baseline", "speed-up") == ""

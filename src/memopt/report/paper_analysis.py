@@ -309,3 +309,39 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
             "ratio": ratio(top["batch_size"], base_max),
         }
     return result
+
+
+INDEX_LIMIT = 2**31  # elements a kernel can index with 32-bit offsets
+# A sweep of `compiled` by batch across the limit (its README: a 14% step from 65 to 66 sequences)
+SWEEP = "studies/h200-default/same-batch/compiled-sweep"
+
+
+def logits_step(cells: list[dict], seq_len: int, vocab: int, increments: list[dict]) -> list[dict]:
+    """Compiled techniques whose `max` cell's logits (batch x seq_len x vocab elements) pass 2^31
+    elements (`both_past`: the `same` cell's too): both cells' sequences a second by the median
+    step, and the change of the uncompiled twin (the one-knob pair, compile) between its own two
+    cells for contrast. Past 2^31 elements a kernel needs 64-bit indexing; the cells do
+    not isolate that cause (a sweep by batch does: studies/h200-default/same-batch/compiled-sweep)."""
+    last = INDEX_LIMIT // (seq_len * vocab)  # the largest batch whose logits stay within it
+    ok = {(c["technique"], c["batch_entry"]): c for c in cells if c["status"] == "ok"}
+
+    def change(technique):  # max against same, by the median step
+        same, big = ok.get((technique, "same")), ok.get((technique, "max"))
+        if not same or not big or big.get("measured_as"):
+            return None
+        rate = [c["batch_size"] / (c.get("step_time_ms_median") or c["step_time_ms_mean"])
+                for c in (same, big)]  # fmt: skip
+        return {"same_batch": same["batch_size"], "max_batch": big["batch_size"],
+                "change": rate[1] / rate[0] - 1}  # fmt: skip
+
+    out = []
+    for (technique, entry), c in ok.items():
+        step = change(technique) if entry == "same" and c.get("compile") in (True, "True") else None
+        if step is None or step["max_batch"] <= last:
+            continue
+        twin = next((r["over"] for r in increments
+                     if r["technique"] == technique and r["knob"] == "compile"), None)  # fmt: skip
+        out.append({"technique": technique, "last_within": last, **step, "limit": "2³¹", "sweep": SWEEP,
+                    "both_past": step["same_batch"] > last,
+                    "twin": twin, "twin_step": change(twin) if twin else None})  # fmt: skip
+    return out

@@ -85,6 +85,8 @@ _TEX_UNICODE = {
     "≤": r"$\leq$",
     "≥": r"$\geq$",
     "²": r"$^2$",
+    "³": r"\textsuperscript{3}",
+    "¹": r"\textsuperscript{1}",
     "·": r"$\cdot$",
     "Δ": r"$\Delta$",
     "−": "-",

@@ -13,6 +13,7 @@ import jinja2
 import yaml
 
 from memopt.errors import MemoptError
+from memopt.report.paper_analysis import logits_step
 from memopt.report.paper_format import md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
 from memopt.report.results import ok_cells, within_noise
@@ -337,6 +338,9 @@ def story(ctx: dict) -> dict:
         "per_sample": per_sample,
         "baseline_per_sample": base_search.get("per_sample_mib"),
         "batch_speed": _batch_speed(ctx["cells"]),
+        "logits_step": logits_step(
+            ctx["cells"], ctx["model"]["seq_len"], ctx["tokens"]["vocab_size"], ctx["increments"]
+        ),
         "reports": _reports_speedups(ctx["references"]),
         "increments": _by_knob(ctx["increments"], same),
         "explicit_16bit": explicit_16bit,

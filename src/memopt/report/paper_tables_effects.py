@@ -12,6 +12,41 @@ def _x(value) -> str:
     return f"{num(value, 2)}x"
 
 
+def retry_cost(ctx: dict, technique: str) -> dict | None:
+    """Where `technique`'s cell at the `same` batch retried cudaMalloc in its timed steps: the
+    retries, and its search trial at that batch (one synchronized step in a fresh allocator) as
+    the step without them: {retries, steps, batch, cell_ms, trial_ms, cost} (cost: the cell's
+    median step over the trial's, less 1). None without retries or without such a trial."""
+    batch = ctx["findings"]["batch_size"]
+    cell = next((c for c in ctx["cells"] if c["technique"] == technique and c["status"] == "ok"
+                 and c["batch_size"] == batch and (c.get("allocator_alloc_retries") or 0) > 0),
+                None)  # fmt: skip
+    search = next((s for s in ctx["searches"] if s["technique"] == technique), None)
+    trial = next((t for t in (search or {}).get("trials", [])
+                  if t["batch"] == batch and t["fits"] and t.get("last_step_ms")), None)  # fmt: skip
+    if cell is None or trial is None or not cell.get("step_time_ms_median"):
+        return None
+    return {"retries": int(cell["allocator_alloc_retries"]), "steps": int(cell["timed_steps"]),
+            "batch": batch, "cell_ms": cell["step_time_ms_median"], "trial_ms": trial["last_step_ms"],
+            "cost": cell["step_time_ms_median"] / trial["last_step_ms"] - 1}  # fmt: skip
+
+
+def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
+    r = retry_cost(ctx, technique)
+    if r is None:
+        return ""
+    head = (
+        f" `{technique}`'s cell retried cudaMalloc in {r['retries']} of its {r['steps']} timed "
+        f"steps; its search trial at batch {r['batch']} (one synchronized step in a fresh "
+        f"allocator) took {num(r['trial_ms'], 0)} ms against the cell's median of "
+        f"{num(r['cell_ms'], 0)}"
+    )
+    if r["cost"] <= 0:
+        return head + ": the cell is no slower, so the retries cost no time this comparison sees."
+    share = num(100 * (1 - 1 / (1 + r["cost"])), 1)
+    return head + f": measured against that step, every {what} would be {share}% smaller."
+
+
 def relative_table(ctx: dict) -> Table:
     tf32, gpu = ctx["tf32"], ctx["gpu"]
     caption = (
@@ -33,6 +68,9 @@ def relative_table(ctx: dict) -> Table:
             "reference (the baseline with\n`precision: tf32`), so speed-ups against an FP32/TF32 "
             "baseline are not given."
         )
+    caption += _retry_sentence(ctx, ctx["baseline"], "speed-up")
+    if tf32:
+        caption += _retry_sentence(ctx, tf32["technique"], '"vs TF32" ratio')
     rows = [
         [r["technique"], r["batch_entry"], num(r["batch_size"], 0), _x(r["speedup"])]
         + [_x(r.get("speedup_tf32"))] * bool(tf32)
