@@ -259,3 +259,27 @@ def test_the_windows_figure_draws_paired_differences_with_their_interval_and_the
     band = [p for p in ax.patches if p.get_y() == pytest.approx(-0.02)]
     assert band and band[0].get_height() == pytest.approx(0.04)
     assert not [p for p in ax.patches if p.get_width() == pytest.approx(0.7)]  # no bars
+
+
+def test_speed_against_memory_and_batch_carries_the_speed_interval():
+    """Issue 37: error bars wherever a number has an interval: the trade-off and speed-by-batch
+    points get their mean step time's 95% interval."""
+    import pandas as pd
+    from matplotlib.container import ErrorbarContainer
+
+    from memopt.report.figures import _tradeoff_figure
+    from memopt.report.figures_batch import speed_batch_figure
+
+    summary = pd.DataFrame([
+        {"technique": t, "batch_entry": e, "batch_size": b, "status": "ok",
+         "tokens_per_s": 1000.0 * (i + 1) * (1 + (e == "max")), "peak_allocated_mib": 100.0 * b,
+         "step_time_ms_rel_ci95": 0.05}
+        for i, t in enumerate(("a", "b")) for e, b in (("same", 8), ("max", 16 * (i + 1)))
+    ])  # fmt: skip
+    trade = [c for c in _tradeoff_figure(summary).axes[0].containers
+             if isinstance(c, ErrorbarContainer)]  # fmt: skip
+    assert len(trade) == 4
+    speed = [c for c in speed_batch_figure(summary).axes[0].containers
+             if isinstance(c, ErrorbarContainer)]  # fmt: skip
+    low, high = speed[0].lines[2][0].get_segments()[1][:, 1]  # technique a at batch 16
+    assert (low, high) == pytest.approx((1900.0, 2100.0))

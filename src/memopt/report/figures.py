@@ -150,7 +150,8 @@ def label_groups(points, cells, near=0.04):
 
 
 def _tradeoff_figure(summary) -> Figure:
-    """Peak memory against throughput for every ok cell, Pareto frontier as a step line."""
+    """Peak memory against throughput for every ok cell (whiskers: the 95% interval of its mean
+    step time), Pareto frontier as a step line."""
     fig = Figure(figsize=(6.0, 3.8))
     ax = fig.subplots()
     ok = ok_rows(summary).dropna(subset=["peak_allocated_mib", "tokens_per_s"])
@@ -167,7 +168,11 @@ def _tradeoff_figure(summary) -> Figure:
     # Staircase: between two frontier points the best reachable speed is the cheaper one's.
     ax.step(fx, fy, where="post", color="grey", linewidth=1.0, zorder=1)
     colors = technique_colors(summary)
-    for (x, y), technique in zip(points, ok["technique"]):
+    rel = ok["step_time_ms_rel_ci95"] if "step_time_ms_rel_ci95" in ok else [float("nan")] * len(ok)
+    for (x, y), technique, r in zip(points, ok["technique"], rel):
+        if r == r:  # the mean step time's 95% interval, as a speed interval
+            ax.errorbar(x, y, yerr=r * y, fmt="none", ecolor="#555555", elinewidth=0.8, capsize=2,
+                        zorder=1.5)  # fmt: skip
         best = (x, y) in on_front
         ax.scatter(
             x,

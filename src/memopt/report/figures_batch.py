@@ -53,6 +53,11 @@ def _cell_lines(ax, summary, column: str, colors: dict) -> dict:
         label = " = ".join(names) if len(names) < 4 else f"{names[0]} (= {len(names) - 1} more)"
         ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, color=colors[names[0]],
                 label=label)  # fmt: skip
+        if column == "tokens_per_s" and "step_time_ms_rel_ci95" in summary:  # a speed's interval
+            ok = ok_rows(summary[summary["technique"] == names[0]]).sort_values("batch_size")
+            err = [r * y for r, y in zip(ok["step_time_ms_rel_ci95"], ys)]
+            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=colors[names[0]], elinewidth=0.8,
+                        capsize=2)  # fmt: skip
         drawn.update({name: colors[names[0]] for name in names})
     return drawn
 
