@@ -86,7 +86,7 @@ def test_the_references_retry_cost_is_named_beside_the_ratios():
     slow = retry_cost(ctx(1201.0), "baseline")
     assert slow["cost"] == pytest.approx(1201 / 1144 - 1)
     text = _retry_sentence(ctx(1201.0), "baseline", "speed-up")
-    assert "retried cudaMalloc in 13 of its 13 timed steps" in text
+    assert "retried cudaMalloc 13 times in its 13 timed steps" in text
     assert "took 1,144 ms against the cell's median of 1,201" in text
     assert text.endswith(f"every speed-up would be {100 * (1 - 1144 / 1201):.1f}% smaller.")
     assert "no slower" in _retry_sentence(ctx(1100.0), "baseline", "speed-up")

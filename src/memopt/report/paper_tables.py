@@ -204,8 +204,8 @@ def quality_table(ctx: dict) -> Table:
         "paired difference of validation loss with its\n95% interval (Student's t); *equivalent* "
         f"where the interval lies inside ±{num(q['margin'], 3)} nats (`quality.margin`), *worse* or "
         "*better*\nwhere it lies above or below 0, else *inconclusive*; MDD is roughly the "
-        "difference these seeds would detect with 80% power\n(normal-theory formula at the "
-        "observed spread: with few seeds a rough estimate)."
+        "difference these seeds would detect with 80% power\n((t at 97.5% + t at 80%) x the "
+        "standard error, at the observed spread: with few seeds a rough estimate)."
     )
     rows, notes = [], []
     for r in q["rows"]:

@@ -36,7 +36,7 @@ def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
     if r is None:
         return ""
     head = (
-        f" `{technique}`'s cell retried cudaMalloc in {r['retries']} of its {r['steps']} timed "
+        f" `{technique}`'s cell retried cudaMalloc {r['retries']} times in its {r['steps']} timed "
         f"steps; its search trial at batch {r['batch']} (one synchronized step in a fresh "
         f"allocator) took {num(r['trial_ms'], 0)} ms against the cell's median of "
         f"{num(r['cell_ms'], 0)}"
@@ -90,7 +90,10 @@ def increments_table(ctx: dict) -> Table:
          f"{num(r['memory_reduction_pct'], 1)}%"]
         for r in ctx["increments"]
     ]  # fmt: skip
-    caption = "incremental effects at the same batch: pairs of techniques that differ in one knob."
+    caption = (
+        "incremental effects at the same batch: pairs of techniques that differ in one knob (and "
+        "in the attention kernel\nwhere the knob needs another one: a window runs on FlexAttention)."
+    )
     columns = ["technique", "over", "knob", "change", "speed-up", "memory reduction"]
     return Table(
         columns, "llllrr", rows, caption, number(ctx, "increments"), "increments", layout="resize"
