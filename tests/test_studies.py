@@ -165,13 +165,17 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
 
     text = pdftotext(study / "paper" / "paper.pdf")
     pages = text.split("\f")
-    appendix = next(i for i, p in enumerate(pages) if re.search(r"^[A-Z]\s+The configuration", p, re.M))
+    appendix = next(
+        i for i, p in enumerate(pages) if re.search(r"^[A-Z]\s+The configuration", p, re.M)
+    )
     figures = [i for i, p in enumerate(pages) for _ in re.finditer(r"Figure \d+:", p)]
     assert len(figures) == 9 and max(figures) < appendix
     # Issue 37: the main text (to the Conclusion; the References follow it) fits 12 pages, the
     # per-cell tables and the configuration in the appendix
     references = next(i for i, p in enumerate(pages) if re.search(r"^\s*References\s*$", p, re.M))
-    assert references < 12 and re.search(r"^\s*A\s+Every timing cell", "\f".join(pages[references:]), re.M)
+    assert references < 12 and re.search(
+        r"^\s*A\s+Every timing cell", "\f".join(pages[references:]), re.M
+    )
     build = tmp_path / "tex"
     shutil.copytree(rendered / "paper", build)
     for _ in range(2):
