@@ -297,6 +297,8 @@ def build_context(
             capped_techniques(searches),
         ),
         "quality_runs": runs,
+        # what each quality run trained: quality.tokens rounded up to whole steps (null: an epoch)
+        "quality_tokens": next((r["tokens"] for r in runs if r.get("tokens")), None),
         "exactness": exact,
         "mechanisms": mechanisms(
             cells, baseline, exact["rows"], {**config["model"], "vocab": tokens["vocab_size"]}
