@@ -58,7 +58,7 @@ def test_time_limit_stops_a_noisy_series_of_long_steps():
 
 
 def test_paper_counts_cells_stopped_at_the_time_limit():
-    from memopt.report.paper import stopped_at_time_limit
+    from memopt.report.results import stopped_at_time_limit
 
     cfg = {**MEASURE, "max_timed_s": 30}
     cells = [

@@ -80,6 +80,6 @@ def test_the_quality_paper_in_latex(paper_study, tmp_path):
 
 
 def test_the_focus_is_checked():
-    assert validate_config({"techniques": {"baseline": {}}})["paper"] == {"focus": "timing"}
+    assert validate_config({"techniques": {"baseline": {}}})["paper"]["focus"] == "timing"
     with pytest.raises(ConfigError, match="paper.focus"):
         validate_config({"techniques": {"baseline": {}}, "paper": {"focus": "speed"}})

@@ -27,6 +27,7 @@ from memopt.report.paper_analysis import (
 )
 from memopt.report.paper_format import config_yaml, make_environment
 from memopt.report.paper_gpus import gpus_used
+from memopt.report.paper_links import linked_figures, linked_prose, linked_studies
 from memopt.report.paper_mechanisms import mechanisms
 from memopt.report.paper_prose import citations, render_prose
 from memopt.report.paper_reference import reference_comparison
@@ -43,6 +44,7 @@ from memopt.report.results import (
     read_json,
     read_summary,
     relative_to_baseline,
+    stopped_at_time_limit,
     write_text,
 )
 from memopt.report.stages import stage_times
@@ -118,24 +120,6 @@ def _search(path: Path) -> dict:
         "predicted_batch": search.get("predicted_batch"),
         "prediction_error": search.get("prediction_error"),
     }
-
-
-def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> list[dict]:
-    """The runs whose timing stopped at measure.max_timed_s, short of the step cap and of the
-    interval target (so their interval is wider than the target); a `max` entry measured as its
-    `same` run is that run, counted once."""
-    limit_s = measure_cfg.get("max_timed_s")
-    if limit_s is None:
-        return []
-    return [
-        c
-        for c in cells
-        if not c.get("measured_as")
-        and c.get("timed_s") is not None
-        and c["timed_s"] >= limit_s
-        and c["timed_steps"] < measure_cfg["max_timed_steps"]
-        and (c.get("step_time_ms_rel_ci95") or 0) > measure_cfg["target_rel_ci"]
-    ]
 
 
 def _provenance(cells: list[dict]) -> dict:
@@ -378,7 +362,10 @@ def render_paper(
         context |= quality_context(context)
         name, names = "quality", quality_figures(context)
         prose_args = {"sections": QUALITY_SECTIONS, "folder": "quality"}
+    else:
+        context["linked"] = linked_studies(config, Path(templates_dir), _render)
     cite, context["cited"] = citations(Path(templates_dir).parent / "literature.yaml")
+    linked = linked_prose(context.get("linked", {}), context, Path(templates_dir), _render)
     prose = render_prose(
         make_environment(Path(templates_dir), False),
         {**context, "cite": cite},
@@ -391,9 +378,11 @@ def render_paper(
         (out_tex, f"{name}.tex.j2", True, "pdf"),
     ):
         figures = figure_paths(figures_dir, out, ext, names)
+        figures |= linked_figures(context.get("linked", {}), out, ext)
         env = make_environment(Path(templates_dir), latex)
         env.filters["table"] = tables.latex if latex else tables.markdown
         text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
-        texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text})
+        texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text,
+                                                   "linked_prose": linked["tex" if latex else "md"]})  # fmt: skip
     for out, text in texts.items():
         write_text(out, text)

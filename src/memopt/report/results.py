@@ -328,3 +328,21 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
         p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)
     ]
     return sorted(frontier)
+
+
+def stopped_at_time_limit(cells: list[dict], measure_cfg: dict) -> list[dict]:
+    """The runs whose timing stopped at measure.max_timed_s, short of the step cap and of the
+    interval target (so their interval is wider than the target); a `max` entry measured as its
+    `same` run is that run, counted once."""
+    limit_s = measure_cfg.get("max_timed_s")
+    if limit_s is None:
+        return []
+    return [
+        c
+        for c in cells
+        if not c.get("measured_as")
+        and c.get("timed_s") is not None
+        and c["timed_s"] >= limit_s
+        and c["timed_steps"] < measure_cfg["max_timed_steps"]
+        and (c.get("step_time_ms_rel_ci95") or 0) > measure_cfg["target_rel_ci"]
+    ]

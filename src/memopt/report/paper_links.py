@@ -1,0 +1,120 @@
+"""Other published studies the default paper summarizes in sections of their own (config
+`paper.map`, `paper.quality`: a study folder with its config.yaml, results/, data/ and paper/):
+the map's abstract and findings, rendered by the map paper's own templates from its results, with
+its figures; the quality study's verdicts, computed from its quality runs as its own paper does.
+Nothing is copied: the numbers come from the linked study's files when this paper renders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from memopt.errors import MemoptError
+from memopt.report.paper_format import make_environment, num
+from memopt.report.results import read_json
+from memopt.report.tables import Table
+
+MAP_FIGURES = ("map_tokens_by_length", "map_tokens_by_size")
+
+
+def _study(root: Path, key: str, needs: tuple[str, ...]) -> dict:
+    from memopt.config import validate_config
+
+    missing = [n for n in ("config.yaml", *needs) if not (root / n).exists()]
+    if missing:
+        raise MemoptError(
+            f"paper.{key}: {root} is not a published study folder (missing {', '.join(missing)});"
+            " allowed: a folder with the study's config.yaml, results/ and data/, or null"
+        )
+    return validate_config(yaml.safe_load((root / "config.yaml").read_text()))
+
+
+def _map(root: Path, templates: Path, render) -> dict:
+    import pandas as pd
+
+    from memopt.map_points import map_points
+    from memopt.report.map_paper import listed, map_context, span
+    from memopt.report.paper_prose import render_prose
+
+    config = _study(root, "map", ("results/map.csv", "results/map_findings.json"))
+    searches = [root / "results/map" / p / "search" / f"{t}.json"
+                for p in map_points(config) for t in config["techniques"]]  # fmt: skip
+    ctx = map_context(pd.read_csv(root / "results/map.csv"),
+                      read_json(root / "results/map_findings.json"), searches,
+                      root / "data/corpus/stats.json", root / "data/tokens/meta.json", config)  # fmt: skip
+    env = make_environment(templates, False)
+    env.filters.update(span=span, listed=listed)
+    prose = render_prose(env, ctx, render, ("abstract", "findings"), "map", None)
+    return {"path": root.as_posix(), "prose": prose, "models": ctx["models"],
+            "points": ctx["points"], "figures_dir": root / "paper" / "figures"}  # fmt: skip
+
+
+def _quality(root: Path) -> dict:
+    from memopt.report.paper import _quality_runs
+    from memopt.report.verdicts import quality_table
+
+    config = _study(root, "quality", ("results/quality.csv",))
+    runs = _quality_runs(root / "results/quality.csv")
+    q = quality_table(runs, config["techniques"], config["baseline"], config["quality"]["margin"])
+    rows = [r for r in q["rows"] if r["val_loss"]["n"]]
+
+    def delta(p):
+        interval = f" [{num(p['lo'], 3)}, {num(p['hi'], 3)}]" if p["lo"] is not None else ""
+        return num(p["mean"], 3) + interval
+
+    body = [[f"`{r['function']}`", ", ".join(f"`{t}`" for t in r["techniques"]),
+             delta(r["paired"]) if r.get("paired") else "reference",
+             num(r["paired"]["mdd"], 3) if r.get("paired") and r["paired"]["mdd"] else "",
+             r["verdict"] or ""] for r in rows]  # fmt: skip
+    gpus = sorted({r.get("provenance_gpu") for r in runs if r.get("provenance_gpu")})
+    tokens = next((r["tokens"] for r in runs if r.get("tokens")), None)
+    caption = (
+        f"The quality study ({root.as_posix()}): each function's paired difference of validation "
+        f"loss from `{q['reference_function']}` (nats, mean [95% interval] over "
+        f"{config['quality']['seeds']} seeds of {num(tokens, 0)} tokens each), its minimum "
+        f"detectable difference and its verdict against ±{num(q['margin'], 3)}."
+    )
+    table = Table(["function", "techniques", "Δ val loss", "MDD", "verdict"], "llrrl", body,
+                  caption, None, "linked-quality")  # fmt: skip
+    return {"path": root.as_posix(), "quality": q, "rows": rows, "table": table, "gpus": gpus,
+            "tokens": tokens, "seeds": config["quality"]["seeds"], "model": config["model"]}  # fmt: skip
+
+
+def linked_studies(config: dict, templates: Path, render) -> dict:
+    """{"map": ..., "quality": ...} for the studies `paper.map` and `paper.quality` name."""
+    links = config.get("paper") or {}
+    out = {}
+    if links.get("map"):
+        out["map"] = _map(Path(links["map"]), Path(templates), render)
+    if links.get("quality"):
+        out["quality"] = _quality(Path(links["quality"]))
+    return out
+
+
+def linked_figures(linked: dict, out: Path, ext: str) -> dict[str, str]:
+    """The linked map's figures as .ext files, relative to the paper file `out`."""
+    if "map" not in linked:
+        return {}
+    paths = {n: linked["map"]["figures_dir"] / f"{n}.{ext}" for n in MAP_FIGURES}
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise MemoptError(f"paper.map: figure not found: {', '.join(missing)} (render that "
+                          "study's paper first)")  # fmt: skip
+    return {n: Path(os.path.relpath(p, Path(out).parent)).as_posix() for n, p in paths.items()}
+
+
+def linked_prose(linked: dict, context: dict, templates: Path, render) -> dict[str, dict]:
+    """Per format ("md", "tex"), the linked studies' text: the map's sections and captions, and
+    the quality study's summary (paper/templates/_linked_quality.md.j2), written once in Markdown."""
+    from memopt.report.paper_format import md_to_tex
+
+    out = {"md": {}, "tex": {}}
+    if "map" in linked:
+        for fmt in out:
+            out[fmt]["map"] = {name: both[fmt] for name, both in linked["map"]["prose"].items()}
+    if "quality" in linked:
+        text = render(make_environment(templates, False), "_linked_quality.md.j2", context).strip()
+        out["md"]["quality_summary"], out["tex"]["quality_summary"] = text, md_to_tex(text)
+    return out

@@ -1,0 +1,71 @@
+"""The default paper's sections on other published studies (config `paper.map`, `paper.quality`):
+the map's abstract, findings and figures, and the quality study's verdicts, each from that study's
+own files when the paper renders (tests/test_map_paper.py's map, tests/synthetic_study.py's study)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from synthetic_study import CONFIG, TEMPLATES, md_table
+from test_map_paper import write_results
+
+from memopt.config import validate_config
+from memopt.errors import MemoptError
+from memopt.report.paper import render_paper
+from memopt.run.cli import main
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory, paper_study):
+    root = tmp_path_factory.mktemp("linked")
+    write_results(root / "map")
+    main(["paper", "--config", str(root / "map/config.yaml"), "--results", str(root / "map/results"),
+          "--data", str(root / "map/data"), "--out", str(root / "map/paper")])  # fmt: skip
+    quality = root / "quality"
+    (quality / "results").mkdir(parents=True)
+    shutil.copy(paper_study["quality_csv"], quality / "results/quality.csv")
+    config = {**CONFIG, "model": {**CONFIG["model"], "seq_len": 256}}  # room for the window
+    (quality / "config.yaml").write_text(yaml.safe_dump(validate_config(config)))
+    return root
+
+
+def render_linked(study, root, out, links):
+    shutil.copytree(study["figures"], out / "figures")
+    render_paper(study["summary"], study["searches"], study["stats"], study["meta"],
+                 {**CONFIG, "paper": {"focus": "timing", **links}}, out / "figures", TEMPLATES,
+                 out / "paper.md", out / "paper.tex", quality_csv=study["quality_csv"],
+                 exactness_paths=study["exactness"])  # fmt: skip
+    return (out / "paper.md").read_text(), (out / "paper.tex").read_text()
+
+
+def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_path):
+    md, tex = render_linked(paper_study, linked, tmp_path,
+                            {"map": str(linked / "map"), "quality": str(linked / "quality")})  # fmt: skip
+    heads = [line for line in md.splitlines() if line.startswith("## ")]
+    assert heads[3:9] == ["## 3 Results at the default point", "## 4 Results across the map",
+                          "## 5 Quality with statistical power", "## 6 Discussion",
+                          "## 7 Limitations", "## 8 Conclusion"]  # fmt: skip
+    map_md = (linked / "map/paper/paper.md").read_text()
+    findings = map_md.split("## 4 Findings")[1].split("## 5 Limitations")[0].strip()
+    assert findings.splitlines()[0] in md  # the map's own findings, from its results
+    for name in ("map_tokens_by_length", "map_tokens_by_size"):
+        assert f"](../{linked.name}/map/paper/figures/{name}.png)" in md.replace(
+            str(linked.parent), "..")  # fmt: skip
+        assert (linked / f"map/paper/figures/{name}.pdf").exists() and f"{name}.pdf" in tex
+    rows = {r["function"]: r for r in md_table(md, "Δ val loss")}
+    assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"
+    assert rows["`bf16`"]["Δ val loss"] == "0.015 [-0.049, 0.079]"  # 0.01 and 0.02 over 2 seeds
+    assert "`bf16_w128` is worse by 0.205 nats" in md.split("## 5 Quality")[1]
+    assert (
+        r"\section{Results across the map}" in tex
+        and r"\section{Quality with statistical power}" in tex
+    )
+
+
+def test_no_links_no_sections_and_a_wrong_folder_is_named(paper_study, tmp_path):
+    md, _ = render_linked(paper_study, None, tmp_path / "plain", {})
+    assert "## 3 Results\n" in md and "across the map" not in md and "## 4 Discussion" in md
+    with pytest.raises(MemoptError, match=r"paper.quality: .*nowhere is not a published study"):
+        render_linked(paper_study, None, tmp_path / "wrong", {"quality": str(tmp_path / "nowhere")})
