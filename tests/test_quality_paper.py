@@ -83,3 +83,30 @@ def test_the_focus_is_checked():
     assert validate_config({"techniques": {"baseline": {}}})["paper"]["focus"] == "timing"
     with pytest.raises(ConfigError, match="paper.focus"):
         validate_config({"techniques": {"baseline": {}}, "paper": {"focus": "speed"}})
+
+
+def test_the_positive_control_is_also_paired_with_its_one_knob_twin():
+    """Against the reference a control may differ in more than its learning rate (bf16 against
+    tf32): its twin at the configured rate isolates the one knob."""
+    from memopt.report.paired import paired_verdict
+    from memopt.report.quality_paper import _control_twins
+
+    specs = validate_config({"techniques": {
+        "tf32": {"precision": "tf32"}, "bf16": {"precision": "bf16"},
+        "lr_half": {"precision": "bf16", "lr_scale": 0.5}}, "baseline": "tf32"})["techniques"]  # fmt: skip
+    losses = {
+        "tf32": (5.20, 5.18, 5.19),
+        "bf16": (5.21, 5.17, 5.19),
+        "bf16_lr0.5": (5.29, 5.26, 5.28),
+    }
+    runs = [{"function": f, "seed": s, "status": "ok", "val_loss": v}
+            for f, vs in losses.items() for s, v in zip((1, 2, 3), vs)]  # fmt: skip
+    rows = [{"function": "bf16_lr0.5", "techniques": ["lr_half"], "control": True},
+            {"function": "bf16", "techniques": ["bf16"], "control": False}]  # fmt: skip
+    ctx = {"config": {"techniques": specs}, "quality_runs": runs,
+           "quality": {"rows": rows, "margin": 0.02}}  # fmt: skip
+    [twin] = _control_twins(ctx)
+    expected = paired_verdict([0.08, 0.09, 0.09], 0.02)
+    assert twin["twin"] == "bf16" and twin["verdict"] == "worse"
+    assert (twin["mean"], twin["lo"], twin["hi"]) == pytest.approx(
+        (expected["mean"], expected["lo"], expected["hi"]))  # fmt: skip

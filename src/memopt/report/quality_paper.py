@@ -156,6 +156,27 @@ def _functions_table(functions: list[dict], reference: str) -> Table:
     )
 
 
+def _control_twins(ctx: dict) -> list[dict]:
+    """Each positive control against its one-knob twin (the function of the same knobs at the
+    configured learning rate), paired seed by seed as the verdicts are: the harm the learning
+    rate alone does, where the reference differs in more than it."""
+    from memopt.report.paired import paired_differences, paired_verdict
+    from memopt.runtime.functions import function_of
+
+    specs = ctx["config"]["techniques"]
+    runs = [r for r in ctx["quality_runs"] if r["status"] == "ok"]
+    out = []
+    for r in ctx["quality"]["rows"]:
+        if not r["control"] or not r["techniques"]:
+            continue
+        twin = function_of({**specs[r["techniques"][0]], "lr_scale": 1.0})
+        diffs = paired_differences(runs, r["function"], twin)
+        if twin != r["function"] and diffs:
+            out.append({"function": r["function"], "twin": twin,
+                        **paired_verdict(diffs, ctx["quality"]["margin"])})  # fmt: skip
+    return out
+
+
 def quality_context(ctx: dict) -> dict:
     """What the quality paper adds to the default paper's context."""
     tables = {name: replace(t, number=n) if (t := ctx["tables"].get(name)) else None
@@ -166,4 +187,5 @@ def quality_context(ctx: dict) -> dict:
     functions = _functions(ctx)
     tables["functions"] = _functions_table(functions, ctx["quality"]["reference_function"])
     return {"tables": tables, "cost": cost, "runs_on": _gpus(ctx), "commits": commits,
-            "by_position": _positions(ctx), "functions": functions}  # fmt: skip
+            "by_position": _positions(ctx), "functions": functions,
+            "control_twins": _control_twins(ctx)}  # fmt: skip
