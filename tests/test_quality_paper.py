@@ -110,3 +110,38 @@ def test_the_positive_control_is_also_paired_with_its_one_knob_twin():
     assert twin["twin"] == "bf16" and twin["verdict"] == "worse"
     assert (twin["mean"], twin["lo"], twin["hi"]) == pytest.approx(
         (expected["mean"], expected["lo"], expected["hi"]))  # fmt: skip
+
+
+def test_table_numbers_follow_the_tables_a_study_has_and_a_diverged_control_renders(
+    paper_study, tmp_path
+):
+    """No loss by position here: the exactness table is Table 3 in both formats and the Method
+    cites that number; a positive control whose seed diverged is said to have diverged (a harm
+    no paired difference sizes), and the paper still renders."""
+    from synthetic_study import make_quality
+
+    from memopt.report.results import write_json
+    from memopt.report.verdicts import aggregate_quality
+
+    text, out_tex = render_quality(paper_study, tmp_path / "plain")
+    assert "Table 3: exactness check" in text and "(Table 3)." in text.split("**Exactness.**")[1]
+    assert "Table 4: what the quality runs took" in text and "Table 5" not in text
+    runs = list(paper_study["quality"])
+    for seed, status in ((1234, "ok"), (1235, "diverged")):
+        run = {**make_quality("bf16", seed), "function": "bf16_lr0.5", "status": status,
+               "diverged_step": 7 if status == "diverged" else None}  # fmt: skip
+        runs.append(tmp_path / f"lr/{seed}.json")
+        write_json(runs[-1], run)
+    csv = tmp_path / "quality.csv"
+    aggregate_quality(runs, csv)
+    config = {**CONFIG, "paper": {"focus": "quality"}, "techniques": {
+        **CONFIG["techniques"], "lr_half": {**CONFIG["techniques"]["flash_gradcp"], "lr_scale": 0.5}}}  # fmt: skip
+    out = tmp_path / "control"
+    shutil.copytree(paper_study["figures"], out / "figures")
+    render_paper(paper_study["summary"], paper_study["searches"], paper_study["stats"],
+                 paper_study["meta"], config, out / "figures", TEMPLATES, out / "q.md",
+                 out / "q.tex", quality_csv=csv, exactness_paths=paper_study["exactness"])  # fmt: skip
+    text = (out / "q.md").read_text()
+    assert "(with a positive control)" in text.splitlines()[0]
+    assert "`bf16_lr0.5` diverged (seed 1235): its harm is plain" in text
+    assert "`bf16_lr0.5`: diverged (seed 1235);" not in text  # a control: not among the answers

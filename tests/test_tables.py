@@ -76,7 +76,7 @@ def test_the_references_retry_cost_is_named_beside_the_ratios():
 
     def ctx(cell_ms, retries=13):
         cell = {"technique": "baseline", "status": "ok", "batch_size": 50, "timed_steps": 13,
-                "allocator_alloc_retries": retries, "step_time_ms_median": cell_ms}  # fmt: skip
+                "allocator_alloc_retries": retries, "step_time_ms_mean": cell_ms}  # fmt: skip
         trials = [{"batch": 12, "fits": True, "last_step_ms": 285.0},
                   {"batch": 50, "fits": True, "last_step_ms": 1144.0},
                   {"batch": 51, "fits": False, "last_step_ms": None}]  # fmt: skip
@@ -87,7 +87,7 @@ def test_the_references_retry_cost_is_named_beside_the_ratios():
     assert slow["cost"] == pytest.approx(1201 / 1144 - 1)
     text = _retry_sentence(ctx(1201.0), "baseline", "speed-up")
     assert "retried cudaMalloc 13 times in its 13 timed steps" in text
-    assert "took 1,144 ms against the cell's median of 1,201" in text
+    assert "took 1,144 ms against the cell's mean of 1,201" in text
     assert text.endswith(f"every speed-up would be {100 * (1 - 1144 / 1201):.1f}% smaller.")
     assert "no slower" in _retry_sentence(ctx(1100.0), "baseline", "speed-up")
     assert _retry_sentence(ctx(1201.0, retries=0), "baseline", "speed-up") == ""

@@ -196,7 +196,10 @@ def windows_figure(summary, margin: float = 0.02) -> Figure:
     panels = [
         ("tokens_per_s", "tokens/s"),
         ("peak_allocated_mib", "peak allocated (MiB)"),
-        ("dval", f"Δ val. loss vs {ref} (nats;\nbars: 95% interval, band: ±margin)"),
+        (
+            "dval",
+            f"Δ val. loss vs {ref or 'the baseline (none here)'} (nats;\nbars: 95% interval, band: ±margin)",
+        ),
     ]
     fig = Figure(figsize=(7.2, 3.0))
     axes = fig.subplots(1, len(panels))

@@ -311,7 +311,7 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
     return result
 
 
-INDEX_LIMIT = 2**31  # elements a kernel can index with 32-bit offsets
+INDEX_LIMIT = 2**31 - 1  # elements a kernel indexes with 32-bit offsets (PyTorch: numel < 2^31 - 1)
 # A sweep of `compiled` by batch across the limit (its README: a 14% step from 65 to 66 sequences)
 SWEEP = "studies/h200-default/same-batch/compiled-sweep"
 
@@ -322,7 +322,7 @@ def logits_step(cells: list[dict], seq_len: int, vocab: int, increments: list[di
     step, and the change of the uncompiled twin (the one-knob pair, compile) between its own two
     cells for contrast. Past 2^31 elements a kernel needs 64-bit indexing; the cells do
     not isolate that cause (a sweep by batch does: studies/h200-default/same-batch/compiled-sweep)."""
-    last = INDEX_LIMIT // (seq_len * vocab)  # the largest batch whose logits stay within it
+    last = (INDEX_LIMIT - 1) // (seq_len * vocab)  # the largest batch whose logits stay below it
     ok = {(c["technique"], c["batch_entry"]): c for c in cells if c["status"] == "ok"}
 
     def change(technique):  # max against same, by the median step

@@ -58,14 +58,15 @@ def _quality(root: Path) -> dict:
     config = _study(root, "quality", ("results/quality.csv",))
     runs = _quality_runs(root / "results/quality.csv")
     q = quality_table(runs, config["techniques"], config["baseline"], config["quality"]["margin"])
-    rows = [r for r in q["rows"] if r["val_loss"]["n"]]
+    rows = q["rows"]  # every function, those without a finished run too (their verdict says so)
 
     def delta(p):
         interval = f" [{num(p['lo'], 3)}, {num(p['hi'], 3)}]" if p["lo"] is not None else ""
         return num(p["mean"], 3) + interval
 
     body = [[f"`{r['function']}`", ", ".join(f"`{t}`" for t in r["techniques"]),
-             delta(r["paired"]) if r.get("paired") else "reference",
+             "reference" if r["function"] == q["reference_function"]
+             else delta(r["paired"]) if r.get("paired") else "n/a",
              num(r["paired"]["mdd"], 3) if r.get("paired") and r["paired"]["mdd"] else "",
              r["verdict"] or ""] for r in rows]  # fmt: skip
     gpus = sorted({r.get("provenance_gpu") for r in runs if r.get("provenance_gpu")})

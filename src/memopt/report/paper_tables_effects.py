@@ -16,7 +16,8 @@ def retry_cost(ctx: dict, technique: str) -> dict | None:
     """Where `technique`'s cell at the `same` batch retried cudaMalloc in its timed steps: the
     retries, and its search trial at that batch (one synchronized step in a fresh allocator) as
     the step without them: {retries, steps, batch, cell_ms, trial_ms, cost} (cost: the cell's
-    median step over the trial's, less 1). None without retries or without such a trial."""
+    mean step, which its tokens/s and so the ratios use, over the trial's, less 1). None without
+    retries or without such a trial."""
     batch = ctx["findings"]["batch_size"]
     cell = next((c for c in ctx["cells"] if c["technique"] == technique and c["status"] == "ok"
                  and c["batch_size"] == batch and (c.get("allocator_alloc_retries") or 0) > 0),
@@ -24,11 +25,11 @@ def retry_cost(ctx: dict, technique: str) -> dict | None:
     search = next((s for s in ctx["searches"] if s["technique"] == technique), None)
     trial = next((t for t in (search or {}).get("trials", [])
                   if t["batch"] == batch and t["fits"] and t.get("last_step_ms")), None)  # fmt: skip
-    if cell is None or trial is None or not cell.get("step_time_ms_median"):
+    if cell is None or trial is None or not cell.get("step_time_ms_mean"):
         return None
     return {"retries": int(cell["allocator_alloc_retries"]), "steps": int(cell["timed_steps"]),
-            "batch": batch, "cell_ms": cell["step_time_ms_median"], "trial_ms": trial["last_step_ms"],
-            "cost": cell["step_time_ms_median"] / trial["last_step_ms"] - 1}  # fmt: skip
+            "batch": batch, "cell_ms": cell["step_time_ms_mean"], "trial_ms": trial["last_step_ms"],
+            "cost": cell["step_time_ms_mean"] / trial["last_step_ms"] - 1}  # fmt: skip
 
 
 def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
@@ -37,12 +38,14 @@ def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
         return ""
     head = (
         f" `{technique}`'s cell retried cudaMalloc {r['retries']} times in its {r['steps']} timed "
-        f"steps; its search trial at batch {r['batch']} (one synchronized step in a fresh "
-        f"allocator) took {num(r['trial_ms'], 0)} ms against the cell's median of "
+        f"steps; its search trial at batch {r['batch']} (one step after one warm-up step, in a "
+        f"fresh allocator) took {num(r['trial_ms'], 0)} ms against the cell's mean of "
         f"{num(r['cell_ms'], 0)}"
     )
     if r["cost"] <= 0:
-        return head + ": the cell is no slower, so the retries cost no time this comparison sees."
+        return (
+            head + ": the cell is no slower than that one step, which shows no cost of the retries."
+        )
     share = num(100 * (1 - 1 / (1 + r["cost"])), 1)
     return head + f": measured against that step, every {what} would be {share}% smaller."
 

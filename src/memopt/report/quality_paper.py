@@ -12,11 +12,12 @@ import statistics
 from dataclasses import replace
 
 from memopt.report.paper_format import num
-from memopt.report.tables import Table
+from memopt.report.tables import Table, table_numbers
 
 SECTIONS = ("title", "abstract", "introduction", "method", "findings", "limitations", "conclusion")
 FIGURES = ("loss", "positions")
-NUMBERS = {"quality": 2, "positions": 3, "exactness": 4}  # the functions 1, the cost 5
+# Its numbered tables in the order the paper shows them; those it has are numbered 1, 2, ...
+ORDER = ("functions", "quality", "positions", "exactness", "cost")
 
 
 def figure_names(ctx: dict) -> tuple[str, ...]:
@@ -29,35 +30,37 @@ def quality_focus(config: dict) -> bool:
 
 
 def _cost(ctx: dict) -> tuple[list[dict], Table | None]:
-    """Per function: its runs' mean training seconds and tokens/s (each run synchronized over
-    its whole training), and the GPU-hours of all its seeds (training and evaluation)."""
+    """Per function: its finished runs' mean training seconds and tokens/s (each run synchronized
+    over its whole training), and the GPU-hours of all its runs (finished or not: training and
+    evaluation, as each run's wall clock)."""
     by_function: dict[str, list[dict]] = {}
     for run in ctx["quality_runs"]:
-        if run["status"] == "ok" and run.get("train_s"):
-            by_function.setdefault(run["function"], []).append(run)
+        by_function.setdefault(run["function"], []).append(run)
     order = [r["function"] for r in ctx["quality"]["rows"]]
     rows = []
     for function in [f for f in order if f in by_function]:
         runs = by_function[function]
+        done = [r for r in runs if r["status"] == "ok" and r.get("train_s")]
         rows.append({
-            "function": function, "runs": len(runs),
-            "train_s": statistics.fmean(r["train_s"] for r in runs),
-            "tokens_per_s": statistics.fmean(r["tokens"] / r["train_s"] for r in runs),
-            "gpu_hours": sum(r["wall_s"] for r in runs) / 3600,
+            "function": function, "runs": len(runs), "finished": len(done),
+            "train_s": statistics.fmean(r["train_s"] for r in done) if done else None,
+            "tokens_per_s": statistics.fmean(r["tokens"] / r["train_s"] for r in done) if done else None,
+            "gpu_hours": sum(r.get("wall_s") or 0 for r in runs) / 3600,
         })  # fmt: skip
     if not rows:
         return rows, None
-    body = [[r["function"], str(r["runs"]), num(r["train_s"], 0), num(r["tokens_per_s"], 0),
+    body = [[r["function"], f"{r['finished']} of {r['runs']}" if r["finished"] != r["runs"]
+             else str(r["runs"]), num(r["train_s"], 0), num(r["tokens_per_s"], 0),
              num(r["gpu_hours"], 2)] for r in rows]  # fmt: skip
     caption = (
-        "what the quality runs took: training seconds per run and training tokens per second "
-        "(means over the seeds; each run\nsynchronized over its whole training, at batch "
-        f"{ctx['config']['quality']['batch']}), and the GPU-hours of all its runs, evaluation "
-        "included. The runs shared a machine with\nothers (one per GPU), so these are costs, "
-        "not a comparison of speed."
+        "what the quality runs took: training seconds per finished run and training tokens per "
+        "second (means over the finished seeds; each run\nsynchronized over its whole training, at "
+        f"batch {ctx['config']['quality']['batch']}), and the GPU-hours of all its runs, "
+        "evaluation included. The runs shared a machine with\nothers (one per GPU), so these are "
+        "costs, not a comparison of speed."
     )
     columns = ["function", "runs", "train s per run", "tokens/s", "GPU-hours"]
-    return rows, Table(columns, "lrrrr", body, caption, 5, "cost")
+    return rows, Table(columns, "lrrrr", body, caption, None, "cost")
 
 
 def _gpus(ctx: dict) -> list[dict]:
@@ -165,13 +168,14 @@ def _control_twins(ctx: dict) -> list[dict]:
 
     specs = ctx["config"]["techniques"]
     runs = [r for r in ctx["quality_runs"] if r["status"] == "ok"]
+    diverged = {r["function"] for r in ctx["quality_runs"] if r["status"] == "diverged"}
     out = []
     for r in ctx["quality"]["rows"]:
         if not r["control"] or not r["techniques"]:
             continue
         twin = function_of({**specs[r["techniques"][0]], "lr_scale": 1.0})
         diffs = paired_differences(runs, r["function"], twin)
-        if twin != r["function"] and diffs:
+        if twin != r["function"] and diffs and not {twin, r["function"]} & diverged:
             out.append({"function": r["function"], "twin": twin,
                         **paired_verdict(diffs, ctx["quality"]["margin"])})  # fmt: skip
     return out
@@ -179,13 +183,14 @@ def _control_twins(ctx: dict) -> list[dict]:
 
 def quality_context(ctx: dict) -> dict:
     """What the quality paper adds to the default paper's context."""
-    tables = {name: replace(t, number=n) if (t := ctx["tables"].get(name)) else None
-              for name, n in NUMBERS.items()}  # fmt: skip
+    functions = _functions(ctx)
+    tables = {name: ctx["tables"].get(name) for name in ("quality", "positions", "exactness")}
     cost, tables["cost"] = _cost(ctx)
+    tables["functions"] = _functions_table(functions, ctx["quality"]["reference_function"])
+    tn = table_numbers((name for name, t in tables.items() if t), ORDER)
+    tables = {name: replace(t, number=tn[name]) if t else None for name, t in tables.items()}
     commits = sorted({r["provenance_git_commit"] for r in ctx["quality_runs"]
                       if r.get("provenance_git_commit")})  # fmt: skip
-    functions = _functions(ctx)
-    tables["functions"] = _functions_table(functions, ctx["quality"]["reference_function"])
-    return {"tables": tables, "cost": cost, "runs_on": _gpus(ctx), "commits": commits,
+    return {"tables": tables, "tn": tn, "cost": cost, "runs_on": _gpus(ctx), "commits": commits,
             "by_position": _positions(ctx), "functions": functions,
             "control_twins": _control_twins(ctx)}  # fmt: skip

@@ -28,10 +28,10 @@ def number(ctx: dict, name: str) -> int | None:
     return (ctx.get("tn") or table_numbers(TABLE_ORDER)).get(name)
 
 
-def table_numbers(present) -> dict[str, int]:
-    """{name: number} for the tables of TABLE_ORDER in `present`, numbered in that order."""
+def table_numbers(present, order=TABLE_ORDER) -> dict[str, int]:
+    """{name: number} for the tables of `order` in `present`, numbered in that order."""
     present = set(present)
-    return {name: i + 1 for i, name in enumerate(n for n in TABLE_ORDER if n in present)}
+    return {name: i + 1 for i, name in enumerate(n for n in order if n in present)}
 
 
 @dataclass(frozen=True)
