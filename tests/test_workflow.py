@@ -112,10 +112,12 @@ def test_template_edit_reruns_only_the_render(smoke):
 
 
 def test_the_equivalence_margin_reruns_only_the_paper(smoke):
-    """quality.margin judges the runs, it does not make them: no quality run reruns; and the
-    validation windows are the quality runs' alone: no search or cell reruns."""
+    """quality.margin judges the runs, it does not make them: no quality run reruns (the
+    figures draw it: the windows figure's band); and the validation windows are the quality
+    runs' alone: no search or cell reruns."""
     only_paper = {"render": 1, **PDF, "all": 1}
-    assert planned(smoke[0], "--config", "quality={'margin': 0.05}") == only_paper
+    margin = planned(smoke[0], "--config", "quality={'margin': 0.05}")
+    assert margin == {"figures": 1, **only_paper}
     # exactness.floor_factor too; a measured floor (floor: kernel) means new exactness runs.
     assert planned(smoke[0], "--config", "exactness={'floor_factor': 3}") == only_paper
     n = len(yaml.safe_load((smoke[0] / "study.yaml").read_text())["techniques"])
