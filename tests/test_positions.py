@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from memopt.jobs.quality import evaluate, position_buckets, run_quality
-from memopt.report.paper_tables import positions_table
+from memopt.report.paper_tables_quality import positions_table
 from memopt.report.verdicts import quality_table
 
 
