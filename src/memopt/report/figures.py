@@ -36,6 +36,7 @@ from memopt.report.figures_style import (
     placeholder,
     render_all,
     short_label,
+    spans_decades,
     technique_colors,
     unmeasured,
     unmeasured_handles,
@@ -249,7 +250,7 @@ def _max_batch_figure(summary, capped: frozenset = frozenset()) -> Figure:
         placeholder(ax, "no max entries in this study")
         return fig
     batches = rows["batch_size"].dropna()
-    log = not batches.empty and batches.max() > 10 * max(batches.min(), 1)  # spans decades
+    log = spans_decades(batches)
     for i, row in enumerate(rows.itertuples()):
         if row.batch_size != row.batch_size:  # no batch found at all
             oom_hband(ax, i, 0.7)

@@ -39,11 +39,17 @@ def function_colors(summary) -> dict:
     return out
 
 
-def log_if_decades(ax, values, axis: str = "y") -> None:
-    """A log scale where the plotted values span more than a decade (linear ones squash the
-    small values onto the floor)."""
+def spans_decades(values) -> bool:
+    """Whether the positive values span more than a decade (a linear axis would squash the
+    small ones onto the floor)."""
     values = [float(v) for v in values if v == v and v > 0]
-    if values and max(values) > 10 * min(values):
+    return bool(values) and max(values) > 10 * min(values)
+
+
+def log_if_decades(ax, values, axis: str = "y") -> None:
+    """A log scale where the plotted values span more than a decade (spans_decades)."""
+    values = [float(v) for v in values if v == v and v > 0]
+    if spans_decades(values):
         (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
         (ax.set_ylim if axis == "y" else ax.set_xlim)(min(values) / 1.5, max(values) * 1.5)
         label = ax.get_ylabel() if axis == "y" else ax.get_xlabel()
