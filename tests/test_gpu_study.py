@@ -18,14 +18,16 @@ pytestmark = pytest.mark.slow
 
 
 def gpu_study(wd: Path, *args: str, **env: str) -> str:
-    env = dict(
-        os.environ,
-        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        OUT=str(wd / "out"),
-        STUDY_CONFIG="study.yaml",
-        STUDY_DATASET=DATASET,
-        MEMOPT_GIT_COMMIT="c0ffee",
-        **env,
+    env = (
+        dict(
+            os.environ,
+            PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            OUT=str(wd / "out"),
+            STUDY_CONFIG="study.yaml",
+            STUDY_DATASET=DATASET,
+            MEMOPT_GIT_COMMIT="c0ffee",
+        )
+        | env
     )
     proc = subprocess.run(
         ["bash", "tools/gpu_study.sh", *args], cwd=wd, env=env, capture_output=True, text=True
@@ -95,6 +97,15 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
         own = (wd / f"logs/study-run-gpu{gpu}.log").read_text()
         assert f"results/map/{point}/cells/baseline/max.json" in own
         assert (wd / f"results/map/{point}/cells/baseline/max.json").exists()
+    # A machine lost mid-cell: `save` (STUDY_CONFIG unset: the config `start` recorded) leaves
+    # out the search whose cell is missing, so both run again on one GPU.
+    (wd / "results/map/a_32/cells/baseline/max.json").unlink()
+    assert "a_32/search/baseline has no cell yet" in gpu_study(wd, "save", STUDY_CONFIG="")
+    names = subprocess.run(
+        ["tar", "tzf", "out/state.tar.gz"], cwd=wd, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "results/map/b_32/search/baseline.json" in names
+    assert "results/map/a_32/search/baseline.json" not in names
 
 
 def test_a_study_on_two_gpus_runs_in_one_snakemake_call(mirror, tmp_path):  # noqa: F811

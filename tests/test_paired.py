@@ -42,6 +42,19 @@ def test_the_interval_and_detectable_difference_follow_the_formulas():
     assert v["mdd"] == pytest.approx((3.1824 + 0.9785) * se, rel=1e-4)
 
 
+def test_a_family_level_widens_the_interval_and_can_undo_an_equivalence():
+    """The quality paper's Bonferroni check (memopt.report.quality_paper._family): the same
+    differences at 1 - 0.05 / 8 give a wider interval, and a narrow equivalence becomes
+    inconclusive."""
+    diffs = [0.010, -0.004, 0.006, -0.008]
+    at95 = paired_verdict(diffs, 0.02)
+    family = paired_verdict(diffs, 0.02, level=1 - 0.05 / 8)
+    assert at95["verdict"] == "equivalent" and family["verdict"] == "inconclusive"
+    se = at95["sd"] / 2
+    assert family["hi"] - family["mean"] == pytest.approx(t_quantile(1 - 0.05 / 16, 3) * se)
+    assert family["hi"] > at95["hi"] and family["lo"] < at95["lo"]
+
+
 def test_a_null_is_flagged_at_most_at_the_nominal_rate_and_a_real_effect_is_found():
     rng = random.Random(0)
     trials, n, sd = 20000, 4, 0.03

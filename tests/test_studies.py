@@ -191,3 +191,69 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
     assert pdftotext(build / "paper.pdf").split() == text.split()
     over = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert over == [] or max(over) <= 12, over
+
+
+# The long quality study (issue 35): rendered by this code too (tools/render_studies.sh), its
+# verdicts recomputed here from the runs, independently of memopt.report.paired.
+QUALITY_STUDIES = ["h200-quality"]
+T975_3, T80_3 = 3.182446305284263, 0.9784723123633045  # Student's t, 3 degrees of freedom
+
+
+@pytest.fixture(scope="module", params=QUALITY_STUDIES)
+def quality_study(request):
+    return ROOT / "studies" / request.param
+
+
+def _verdicts(runs: pd.DataFrame, reference: str, margin: float) -> dict:
+    ref = runs[runs["function"] == reference].set_index("seed")["val_loss"]
+    out = {}
+    for function, rows in runs[runs["function"] != reference].groupby("function", sort=False):
+        diffs = (rows.set_index("seed")["val_loss"] - ref).dropna()
+        mean, se = diffs.mean(), diffs.std(ddof=1) / len(diffs) ** 0.5
+        lo, hi = mean - T975_3 * se, mean + T975_3 * se
+        verdict = ("equivalent" if -margin < lo and hi < margin else
+                   "worse" if lo > 0 else "better" if hi < 0 else "inconclusive")  # fmt: skip
+        out[function] = dict(mean=mean, lo=lo, hi=hi, mdd=(T975_3 + T80_3) * se, verdict=verdict)
+    return out
+
+
+def test_quality_paper_is_what_this_code_renders(quality_study, tmp_path):
+    copy = tmp_path / "study"
+    shutil.copytree(quality_study, copy, ignore=shutil.ignore_patterns("paper"))
+    args = ["paper", "--config", copy / "config.yaml", "--results", copy / "results"]
+    main([*map(str, args), "--data", str(copy / "data"), "--out", str(copy / "paper")])
+    for name in ("paper.md", "paper.tex"):
+        assert (copy / "paper" / name).read_text() == (quality_study / "paper" / name).read_text()
+    csv = "quality.csv"
+    assert (copy / "results" / csv).read_text() == (quality_study / "results" / csv).read_text()
+
+
+def test_quality_study_runs_meet_the_bars_and_its_verdicts_are_the_runs(quality_study):
+    """Issue 35's bars: one commit, every run's GPU recorded, at least 4 seeds and 30M tokens per
+    run for every function; the verdicts and MDDs in the README and the paper are the ones the
+    runs give, and the positive control is found worse."""
+    import yaml
+
+    config = yaml.safe_load((quality_study / "config.yaml").read_text())
+    runs = pd.DataFrame(
+        json.loads(p.read_text()) for p in (quality_study / "results" / "quality").glob("*/*.json")
+    )
+    assert (runs["status"] == "ok").all() and (runs["tokens"] >= 30_000_000).all()
+    assert runs.groupby("function")["seed"].nunique().min() >= 4
+    assert len(runs["function"].unique()) == len(config["techniques"])
+    commits = {p["git_commit"] for p in runs["provenance"]}
+    assert len(commits) == 1 and re.fullmatch(r"[0-9a-f]{40}", commits.pop())
+    assert all(re.fullmatch(r"[0-9a-f-]{36}", p["gpu_uuid"]) for p in runs["provenance"])
+    verdicts = _verdicts(runs, "tf32", config["quality"]["margin"])
+    assert verdicts["bf16_lr0.5"]["verdict"] == "worse"  # the positive control, detected
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- quality verdicts -->")[1].split("<!-- /quality verdicts -->")[0]
+    paper = (quality_study / "paper" / "paper.md").read_text()
+    for function, v in verdicts.items():
+        row = f"| {v['mean']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}] | {v['mdd']:.3f} | {v['verdict']} |"
+        assert re.search(rf"^\| `{re.escape(function)}` \(.*\) {re.escape(row)}$", table, re.M)
+        cells = (
+            f"| {v['mean']:.4f} [{v['lo']:.4f}, {v['hi']:.4f}] | {v['mdd']:.4f} | {v['verdict']} |"
+        )
+        assert re.search(rf"^\| {re.escape(function)} \|.* {re.escape(cells)}$", paper, re.M)
+    assert len(re.findall(r"^\| `", table, re.M)) == len(verdicts)

@@ -41,7 +41,15 @@ set -uo pipefail
 OUT=${OUT:-/tmp/memopt-study-out}
 STATE=.study/state.tar.gz
 RUNLOG=logs/study-run.log
-CONFIGFILE=${STUDY_CONFIG:-config.yaml}  # another config (e.g. the smoke study) tests this script
+# STUDY_CONFIG: another config (the quality or map study; the tests' tiny one). `start` records it
+# in .study/config, and `wait` and `save` use that one when STUDY_CONFIG is unset: a save that
+# silently took config.yaml would not see a map point's unpaired searches.
+RECORDED=$(cat .study/config 2>/dev/null)
+CONFIGFILE=${STUDY_CONFIG:-${RECORDED:-config.yaml}}
+if [ "${1:-}" != start ] && [ -n "$RECORDED" ] && [ "$CONFIGFILE" != "$RECORDED" ]; then
+  echo "gpu_study.sh: STUDY_CONFIG=$CONFIGFILE, but the study started here runs $RECORDED" >&2
+  exit 2
+fi
 CORPUS="corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '${STUDY_DATASET:-eltec_pol_corpus}'}"
 # Targets in order with their estimates (H100 seconds; tools/bench_overhead.py): the searches (with
 # the exactness runs), every cell, every quality run (from its tokens), the paper. On a CPU: 20 s.
@@ -204,6 +212,7 @@ case ${1:-} in
   start)
     setup
     make_targets
+    mkdir -p .study && echo "$CONFIGFILE" > .study/config
     mkdir -p logs "$OUT"
     info=$({ nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } 2>&1)
     python3 -c "import psutil, snakemake, speakleash" || exit 1

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Render every published study's paper again from its committed results (no GPU, no Snakemake),
 # after a change to the paper's code or templates; tests/test_studies.py checks the result.
-#   bash tools/render_studies.sh [NAME ...]     (default: every study that tests/test_studies.py lists)
+#   bash tools/render_studies.sh [NAME ...]     (default: every study that tests/test_studies.py lists: STUDIES, QUALITY_STUDIES)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")
 [ ${#names[@]} -gt 0 ] || mapfile -t names < <(python3 -c \
-  "import ast; t = ast.parse(open('tests/test_studies.py').read()); print('\n'.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and n.targets[0].id == 'STUDIES')))")
+  "import ast; t = ast.parse(open('tests/test_studies.py').read()); print('\n'.join(s for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') in ('STUDIES', 'QUALITY_STUDIES') for s in ast.literal_eval(n.value)))")
 for name in "${names[@]}"; do
   s=studies/$name
   memopt paper --config "$s/config.yaml" --results "$s/results" --data "$s/data" --out "$s/paper" --pdf

@@ -89,7 +89,7 @@ def positions_figure(runs: list[dict], colors: dict) -> Figure:
     """Validation loss by position in the sequence, per function: each bucket's loss, the mean
     over seeds, with the mean standard error over sequences as a bar, at the bucket's middle
     position (log scale); whether the model uses long context, and what a window gives up there."""
-    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
+    fig = Figure(figsize=(7.2, 3.4), layout="constrained")  # the legend right of the axes
     ax = fig.subplots()
     by_function: dict[str, list[list[dict]]] = {}
     for run in runs:
@@ -108,8 +108,8 @@ def positions_figure(runs: list[dict], colors: dict) -> Figure:
     ax.set_xscale("log")
     ax.set_xticks(x, [f"{b['first']:,}–{b['last']:,}" for b in buckets], fontsize=7)
     ax.minorticks_off()
-    ax.set_xlabel("positions in the sequence")
+    ax.set_xlabel("positions in the sequence (log scale)")
     ax.set_ylabel("validation loss (nats)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return fig

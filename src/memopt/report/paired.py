@@ -78,10 +78,11 @@ def t_quantile(p: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
-def paired_verdict(diffs: list[float], margin: float) -> dict:
+def paired_verdict(diffs: list[float], margin: float, level: float = LEVEL) -> dict:
     """The verdict of paired differences (function minus reference, per seed) against `margin`:
-    {n, mean, sd, lo, hi, verdict, mdd} (lo, hi: the 95% interval; mdd: the minimum detectable
-    difference at 80% power; None where one difference gives no spread)."""
+    {n, mean, sd, lo, hi, verdict, mdd} (lo, hi: the interval at `level`, 95% unless a family of
+    comparisons asks for more; mdd: the minimum detectable difference at 80% power; None where
+    one difference gives no spread)."""
     if margin <= 0:
         raise ValueError(f"quality.margin must be > 0 nats, got {margin}")
     n = len(diffs)
@@ -91,7 +92,7 @@ def paired_verdict(diffs: list[float], margin: float) -> dict:
         return out
     sd = statistics.stdev(diffs)
     se = sd / math.sqrt(n)
-    t = t_quantile(0.5 + LEVEL / 2, n - 1)
+    t = t_quantile(0.5 + level / 2, n - 1)
     lo, hi = out["mean"] - t * se, out["mean"] + t * se
     out.update(sd=sd, lo=lo, hi=hi, mdd=(t + t_quantile(POWER, n - 1)) * se)
     if -margin < lo and hi < margin:

@@ -181,6 +181,25 @@ def _control_twins(ctx: dict) -> list[dict]:
     return out
 
 
+def _family(ctx: dict) -> dict:
+    """The verdicts again with a Bonferroni correction for the comparisons made (each interval at
+    1 - 0.05 / m): the ones that change, a check on reading the per-comparison 95% verdicts as a
+    family (m functions judged, one of them a false verdict by chance is not rare)."""
+    from memopt.report.paired import paired_differences, paired_verdict
+
+    rows = [r for r in ctx["quality"]["rows"] if r["paired"] and r["paired"]["lo"] is not None]
+    level = 1 - 0.05 / len(rows) if rows else None
+    changed = []
+    for r in rows:
+        diffs = paired_differences(
+            ctx["quality_runs"], r["function"], ctx["quality"]["reference_function"]
+        )
+        v = paired_verdict(diffs, ctx["quality"]["margin"], level)
+        if v["verdict"] != r["verdict"]:
+            changed.append({"function": r["function"], "was": r["verdict"], **v})
+    return {"m": len(rows), "level": level, "changed": changed}
+
+
 def quality_context(ctx: dict) -> dict:
     """What the quality paper adds to the default paper's context."""
     functions = _functions(ctx)
@@ -193,4 +212,4 @@ def quality_context(ctx: dict) -> dict:
                       if r.get("provenance_git_commit")})  # fmt: skip
     return {"tables": tables, "tn": tn, "cost": cost, "runs_on": _gpus(ctx), "commits": commits,
             "by_position": _positions(ctx), "functions": functions,
-            "control_twins": _control_twins(ctx)}  # fmt: skip
+            "control_twins": _control_twins(ctx), "family": _family(ctx)}  # fmt: skip
