@@ -32,6 +32,7 @@ def test_markdown_becomes_escaped_latex():
         r"\texttt{f9672ea3fa2c6e6671d617367cbbd575}"
     )
     assert md_to_tex("a * b * c") == "a * b * c"  # lone asterisks are not emphasis
+    assert md_to_tex('a "no cost" claim, `x"y`') == "a ``no cost'' claim, \\texttt{x\"y}"
 
 
 # What a template may write as a literal number: table and section numbers, the interval,

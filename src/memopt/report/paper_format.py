@@ -106,6 +106,7 @@ def tex(value) -> str:
 
 _CODE_RE = re.compile(r"`([^`]+)`")
 _BOLD_RE = re.compile(r"\*\*(.+?)\*\*")
+_QUOTE_RE = re.compile(r'"([^"\n]+)"')
 _EM_RE = re.compile(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")
 
 
@@ -118,9 +119,9 @@ def _tex_code(text: str) -> str:
 
 
 def md_to_tex(text: str) -> str:
-    """The Markdown subset the prose templates use (paragraphs, **bold**, *emphasis*, `code`)
-    as LaTeX: everything else is escaped, so a value can never inject TeX. Code spans are set
-    aside first (as NUL-delimited indices), so bold and emphasis may enclose them."""
+    """The Markdown subset the prose templates use (paragraphs, **bold**, *emphasis*, `code`,
+    "quotes") as LaTeX: everything else is escaped, so a value can never inject TeX. Code spans
+    are set aside first (as NUL-delimited indices), so bold and emphasis may enclose them."""
     codes: list[str] = []
 
     def aside(m: re.Match) -> str:
@@ -130,6 +131,7 @@ def md_to_tex(text: str) -> str:
     out = tex(_CODE_RE.sub(aside, text))
     out = _BOLD_RE.sub(r"\\textbf{\1}", out)
     out = _EM_RE.sub(r"\\emph{\1}", out)
+    out = _QUOTE_RE.sub(r"``\1''", out)  # "quoted" prose: TeX's opening and closing quotes
     return re.sub("\0(\\d+)\0", lambda m: codes[int(m.group(1))], out)
 
 
