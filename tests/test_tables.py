@@ -35,9 +35,12 @@ def test_latex_escapes_text_and_converts_the_markup():
     assert r"\label{tab:cells}" in text and r"\begin{tabular}{lrr}" in text
     assert r"flash\_gradcp & 1,024 & 70,000 \\" in text
     assert r"a|b & \textbf{OOM} & \multicolumn{1}{c}{out of memory} \\" in text
-    # the footer sits under its own rule; the note follows the float, converted as the prose
+    # the footer sits under its own rule; the note, converted as the prose, sits under the
+    # table inside the float (a float moves; a paragraph after it would stay behind)
     assert text.index(r"\midrule" + "\ntotal & 2 & -- \\\\") > text.index("flash")
-    assert text.endswith(r"$\Delta$ loss: a note with a $\pm$ sign.")
+    note = text.index(r"$\Delta$ loss: a note with a $\pm$ sign.")
+    assert text.index(r"\end{tabular}") < note < text.index(r"\end{table}")
+    assert text.endswith(r"\end{table}")
 
 
 def test_an_unnumbered_table_and_the_layouts():

@@ -112,7 +112,7 @@ _FIT = {
 
 def latex(table: Table | None) -> str:
     """The table as a LaTeX float (booktabs rules; a sideways one in landscape), its caption
-    numbered or not, then its notes as paragraphs."""
+    numbered or not, and its notes under it, inside the float."""
     if table is None:
         return ""
     env = "sidewaystable" if table.layout == "sideways" else "table"
@@ -132,5 +132,14 @@ def latex(table: Table | None) -> str:
     out += [_tex_row(r, breakable) for r in table.rows]
     if table.footer:
         out += [r"\midrule", *(_tex_row(r, breakable) for r in table.footer)]
-    out += [r"\bottomrule", r"\end{tabular}" + tail, rf"\end{{{env}}}"]
-    return "\n".join(out) + "".join(f"\n\n{md_to_tex(note)}" for note in table.notes)
+    out += [r"\bottomrule", r"\end{tabular}" + tail]
+    if table.notes:  # inside the float, under the table (as paragraphs after it they stayed put
+        # while the float moved pages away)
+        notes = r"\par ".join(md_to_tex(note) for note in table.notes)
+        out += [
+            r"\par\smallskip\begin{minipage}{\linewidth}\footnotesize",
+            notes,
+            r"\end{minipage}",
+        ]
+    out.append(rf"\end{{{env}}}")
+    return "\n".join(out)
