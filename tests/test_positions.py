@@ -129,3 +129,20 @@ def test_what_a_function_gives_up_by_position_is_paired_with_the_reference():
     assert far["lo"] > 0  # 0.110 and 0.112: the window gives up the far positions
     table = positions_table({"quality": quality})
     assert table.rows[-1][0] == "Δ bf16_w32" and table.rows[-1][2].startswith("0.111 [")
+
+
+def test_the_loss_figure_draws_the_reference_above_the_others():
+    """Curves that lie on one another hid the reference under the functions drawn after it."""
+    from memopt.report.figures_quality import loss_figure
+
+    def run(function, seed):
+        return {"function": function, "seed": seed, "status": "ok", "tokens_per_step": 64,
+                "loss_curve": [5.0 - 0.01 * i for i in range(40)]}  # fmt: skip
+
+    runs = [run(f, s) for f in ("tf32", "bf16", "fp16") for s in (1, 2)]
+    fig = loss_figure(runs, {}, on_top="tf32")
+    full, zoom = fig.axes
+    z = {line.get_label(): line.get_zorder() for line in full.lines}
+    assert list(z) == ["tf32 (2 seeds)", "bf16 (2 seeds)", "fp16 (2 seeds)"]  # legend order kept
+    assert z["tf32 (2 seeds)"] > max(z["bf16 (2 seeds)"], z["fp16 (2 seeds)"])
+    assert [line.get_zorder() for line in zoom.lines] == list(z.values())  # the zoom alike

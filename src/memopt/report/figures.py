@@ -317,6 +317,8 @@ def make_figures(
     summary["quality_status"] = summary["function"].map(
         lambda f: "diverged" if f in diverged else "ok"
     )
+    base = summary[summary["technique"] == baseline]["function"]
+    reference_function = base.iloc[0] if len(base) else None  # drawn above the others
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     builders = {
@@ -333,7 +335,7 @@ def make_figures(
             "Training throughput (whiskers: 95% interval of the mean step time)",
             rel_err="step_time_ms_rel_ci95",
         ),
-        "loss": lambda: loss_figure(runs, function_colors(summary)),
+        "loss": lambda: loss_figure(runs, function_colors(summary), on_top=reference_function),
         "positions": lambda: positions_figure(runs, function_colors(summary)),
         "tradeoff": lambda: _tradeoff_figure(summary),
         "phases": lambda: _phases_figure(summary),

@@ -16,10 +16,11 @@ def _moving_average(values: list[float], k: int) -> list[float]:
     return out
 
 
-def loss_figure(runs: list[dict], colors: dict) -> Figure:
+def loss_figure(runs: list[dict], colors: dict, on_top: str | None = None) -> Figure:
     """Training loss against training tokens for every function's quality runs: the mean over
     seeds, with the band between the lowest and the highest seed; the right panel zooms into the
-    last quarter of the tokens, where the curves lie too close to tell apart at full scale."""
+    last quarter of the tokens, where the curves lie too close to tell apart at full scale.
+    `on_top`: the function (the reference) drawn above the others, which would hide it."""
     fig = Figure(figsize=(7.2, 3.4))
     ax, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     by_function: dict[str, list[dict]] = {}
@@ -42,8 +43,9 @@ def loss_figure(runs: list[dict], colors: dict) -> Figure:
             [sum(c) / len(c) for c in cols],
             [max(c) for c in cols],
         )
-        color = colors.get(function)
-        ax.plot(tokens, mean, linewidth=1.0, label=f"{function} ({len(curves)} seeds)", color=color)
+        color, z = colors.get(function), 3 if function == on_top else 2
+        label = f"{function} ({len(curves)} seeds)"
+        ax.plot(tokens, mean, linewidth=1.0, label=label, color=color, zorder=z)
         if len(curves) > 1:
             ax.fill_between(tokens, lo, hi, color=color, alpha=0.25, linewidth=0)
         # The zoom: the last quarter, each curve a moving average over a twentieth of the steps
@@ -53,7 +55,7 @@ def loss_figure(runs: list[dict], colors: dict) -> Figure:
         s_lo, s_hi = [min(v) for v in zip(*smooth)], [max(v) for v in zip(*smooth)]
         s_mean = [sum(v) / len(v) for v in zip(*smooth)]
         tail += s_lo + s_hi
-        zoom.plot(tokens[start:], s_mean, linewidth=1.0, color=color)
+        zoom.plot(tokens[start:], s_mean, linewidth=1.0, color=color, zorder=z)
         if len(curves) > 1:
             zoom.fill_between(tokens[start:], s_lo, s_hi, color=color, alpha=0.25, linewidth=0)
     if failed:
