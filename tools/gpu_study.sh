@@ -10,10 +10,9 @@
 #     bash tools/gpu_study.sh save                                      # state -> $OUT/state.tar.gz
 #     MEMOPT_GIT_COMMIT=<sha> bash tools/gpu_study.sh cells BATCH       # every technique at BATCH
 #   Here, between machines: mkdir -p .study && cp <files_at>/state.tar.gz .study/
-#   (`wait N; save` in every call: a machine lost between calls loses only that call's work; of a
-#   map point cut off mid-way the state keeps each technique whose search and cell both ran, so
-#   every cell runs on its search's GPU; a point finished on several machines is said to be split
-#   in its paper, its techniques compared across cards)
+#   (`wait N; save` in every call: a machine lost between calls loses only that call's work; a
+#   map point is saved only whole, so a point cut off mid-way runs again, whole, on the next
+#   machine, and every point's searches and cells come from one GPU)
 #
 # .whl: wheels the GPU image lacks (../shared/hooks/device-wheels.sh); .corpus: speakleash.json and
 # eltec_pol_corpus.* from ../shared/corpus/speakleash. The corpus mirror is given relative (.corpus)
@@ -27,7 +26,8 @@
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
 # a map study (config/map.yaml) runs one point per target, so each point runs on one machine;
 # STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONLY (an extended regex) only the targets
-# it matches (e.g. 'point:llama_1b_16384'); STUDY_ONE_CALL=1 runs them all in one Snakemake
+# it matches (e.g. 'point:llama_1b_16384'); STUDY_REDO (a regex on map point names) drops those
+# points' saved results on a fresh machine so they run again whole; STUDY_ONE_CALL=1 runs them all in one Snakemake
 # call (no deadline: one machine for the whole study, no DAG rebuilt per target).
 # STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU);
 # a map study on N GPUs runs one Snakemake per GPU (CUDA_VISIBLE_DEVICES): each takes the largest
@@ -226,6 +226,13 @@ case ${1:-} in
         # Results, logs, benchmarks and metadata of earlier machines' pieces (a later piece on
         # this machine keeps its own: the state is older than them)
         tar xzf "$STATE"
+        # STUDY_REDO (an extended regex on map point names): those points' earlier results are
+        # dropped on this machine, so they run again whole here (the saved state keeps them until
+        # this machine's save replaces them)
+        for p in $(ls results/map 2>/dev/null | grep -E "${STUDY_REDO:-^$}"); do
+          echo "STUDY_REDO: map point $p runs again" | tee -a logs/study-pieces.log
+          rm -rf "results/map/$p" "logs/map/$p" "results/benchmarks/map/$p"
+        done
       fi
     fi
     # A study killed here (kill -9, a crash) leaves Snakemake's lock: memopt unlock removes it once
@@ -269,22 +276,26 @@ case ${1:-} in
     mkdir -p "$OUT" logs/worker
     cp /tmp/memopt-"$(id -u)"/*.log logs/worker/ 2>/dev/null  # the warm workers' own logs
     # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
-    cut=()  # a map search whose cell did not run here: left out, so both run again on one GPU
-    unpaired=$(python3 - "$CONFIGFILE" <<'PY'
+    # A map point is saved only whole (every technique's search and cell): a point cut off
+    # mid-way is left out and runs again, whole, on the next machine's one GPU, so each point's
+    # searches and cells all come from one GPU (issue 34)
+    cut=()
+    partial=$(python3 - "$CONFIGFILE" <<'PY'
 import os, sys, yaml
 sys.path.insert(0, "src")
 from memopt.config import validate_config
 from memopt.map_points import map_points
 c = validate_config(yaml.safe_load(open(sys.argv[1])))
 for p in map_points(c):
-    for t in c["techniques"]:
-        if os.path.exists(f"results/map/{p}/search/{t}.json") and not os.path.exists(f"results/map/{p}/cells/{t}/max.json"):
-            print(f"{p}/search/{t}")
+    done = [os.path.exists(f"results/map/{p}/search/{t}.json") and os.path.exists(f"results/map/{p}/cells/{t}/max.json") for t in c["techniques"]]
+    if os.path.isdir(f"results/map/{p}") and not all(done):
+        print(f"{p}:{sum(done)}/{len(done)}")
 PY
-    ) || echo "save: WARNING: could not tell unpaired map searches (they are saved as they are)"
-    for s in $unpaired; do
-      echo "save: map search $s has no cell yet: left out of the state (both run again)"
-      cut+=(--exclude="results/map/$s.json" --exclude="logs/map/$s.log" --exclude="results/benchmarks/map/$s.tsv")
+    ) || { echo "save: could not tell which map points are whole: nothing saved"; exit 1; }
+    for s in $partial; do
+      p=${s%%:*}
+      echo "save: map point $p has ${s#*:} techniques done: left out of the state (it runs again, whole)"
+      cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
     done
     tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)

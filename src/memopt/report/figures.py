@@ -336,7 +336,9 @@ def make_figures(
             rel_err="step_time_ms_rel_ci95",
         ),
         "loss": lambda: loss_figure(runs, function_colors(summary), on_top=reference_function),
-        "positions": lambda: positions_figure(runs, function_colors(summary)),
+        "positions": lambda: positions_figure(
+            runs, function_colors(summary), on_top=reference_function
+        ),
         "tradeoff": lambda: _tradeoff_figure(summary),
         "phases": lambda: _phases_figure(summary),
         "max_batch": lambda: _max_batch_figure(summary, capped_techniques(searches)),

@@ -87,7 +87,7 @@ def loss_figure(runs: list[dict], colors: dict, on_top: str | None = None) -> Fi
     return fig
 
 
-def positions_figure(runs: list[dict], colors: dict) -> Figure:
+def positions_figure(runs: list[dict], colors: dict, on_top: str | None = None) -> Figure:
     """Validation loss by position in the sequence, per function: each bucket's loss, the mean
     over seeds, with the mean standard error over sequences as a bar, at the bucket's middle
     position (log scale); whether the model uses long context, and what a window gives up there."""
@@ -105,8 +105,9 @@ def positions_figure(runs: list[dict], colors: dict) -> Figure:
         x = [(b["first"] + b["last"]) / 2 for b in buckets]
         loss = [sum(s[i]["loss"] for s in seeds) / len(seeds) for i in range(len(buckets))]
         err = [sum(s[i]["se"] or 0.0 for s in seeds) / len(seeds) for i in range(len(buckets))]
-        ax.errorbar(x, loss, yerr=err, marker="o", ms=3, capsize=2, lw=1.2,
-                    color=colors.get(function), label=f"{function} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})")  # fmt: skip
+        label = f"{function} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})"
+        ax.errorbar(x, loss, yerr=err, marker="o", ms=3, capsize=2, lw=1.2, label=label,
+                    color=colors.get(function), zorder=3 if function == on_top else 2)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xticks(x, [f"{b['first']:,}–{b['last']:,}" for b in buckets], fontsize=7)
     ax.minorticks_off()
