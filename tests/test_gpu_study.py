@@ -106,6 +106,22 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
     ).stdout.split()
     assert "results/map/b_32/search/baseline.json" in names
     assert not [n for n in names if "/a_32" in n]  # its search, logs and benchmarks too
+    # The next machine resumes from that state: a_32 (left out) runs again, and STUDY_REDO makes
+    # b_32, saved whole, run again too (a point measured on several GPUs before whole-point saves)
+    fresh = workdir(
+        tmp_path / "fresh", {"source": "mirror", "mirror": ".corpus", "dataset": DATASET}, []
+    )
+    shutil.copy(wd / "study.yaml", fresh / "study.yaml")
+    shutil.copytree(ROOT / "tools", fresh / "tools")
+    shutil.copytree(mirror.path, fresh / ".corpus")
+    (fresh / ".study").mkdir()
+    shutil.copy(wd / "out/state.tar.gz", fresh / ".study/state.tar.gz")
+    assert "STUDY_REDO: map point b_32 runs again" in gpu_study(
+        fresh, "start", "1000", STUDY_REDO="^b_32$"
+    )
+    log = gpu_study(fresh, "wait", "600")
+    assert "== piece finished" in log and "FAILED" not in log, log
+    assert sorted(re.findall(r"== point:(\S+) \(", log)) == ["a_32", "b_32"], log
 
 
 def test_a_study_on_two_gpus_runs_in_one_snakemake_call(mirror, tmp_path):  # noqa: F811
@@ -123,19 +139,3 @@ def test_a_study_on_two_gpus_runs_in_one_snakemake_call(mirror, tmp_path):  # no
     assert re.search(r"== 2 targets on 2 GPUs in one Snakemake call", log), log
     assert "FAILED" not in log and "== piece finished" in log, log
     assert len(list((wd / "results/cells").glob("*/*.json"))) == 2  # same and max
-    # The next machine resumes from that state: a_32 (left out) runs again, and STUDY_REDO makes
-    # b_32, saved whole, run again too (a point measured on several GPUs before whole-point saves)
-    fresh = workdir(
-        tmp_path / "fresh", {"source": "mirror", "mirror": ".corpus", "dataset": DATASET}, []
-    )
-    shutil.copy(wd / "study.yaml", fresh / "study.yaml")
-    shutil.copytree(ROOT / "tools", fresh / "tools")
-    shutil.copytree(mirror.path, fresh / ".corpus")
-    (fresh / ".study").mkdir()
-    shutil.copy(wd / "out/state.tar.gz", fresh / ".study/state.tar.gz")
-    assert "STUDY_REDO: map point b_32 runs again" in gpu_study(
-        fresh, "start", "1000", STUDY_REDO="^b_32$"
-    )
-    log = gpu_study(fresh, "wait", "600")
-    assert "== piece finished" in log and "FAILED" not in log, log
-    assert sorted(re.findall(r"== point:(\S+) \(", log)) == ["a_32", "b_32"], log
