@@ -40,6 +40,7 @@ def _memory_terms(ctx: dict) -> dict | None:
         "activations_share": base["activations_mib"] / base["peak_allocated_mib"],
         "batch": base["batch_size"],
         "per_sample_mib": search.get("per_sample_mib"),
+        "fit_fixed_mib": search.get("fixed_mib"),  # the fit's intercept: batch 0, extrapolated
         "budget_mib": search.get("budget_mib"),
         "max_batch": search.get("max_batch"),
         "scores_mib": model["n_layers"] * model["n_heads"] * model["seq_len"] ** 2 * 4 / 2**20,
