@@ -257,3 +257,22 @@ def test_quality_study_runs_meet_the_bars_and_its_verdicts_are_the_runs(quality_
         )
         assert re.search(rf"^\| {re.escape(function)} \|.* {re.escape(cells)}$", paper, re.M)
     assert len(re.findall(r"^\| `", table, re.M)) == len(verdicts)
+
+
+def test_the_quality_pdf_is_its_tex_and_compiles_cleanly(quality_study, tmp_path):
+    """The committed quality PDF is what its .tex compiles to (words compared), with no LaTeX
+    error (`tools/render_studies.sh` writes both)."""
+    import subprocess
+
+    build = tmp_path / "tex"
+    shutil.copytree(quality_study / "paper", build)
+    for _ in range(2):
+        subprocess.run(["pdflatex", "-interaction=nonstopmode", "paper.tex"], cwd=build,
+                       capture_output=True, timeout=300)  # fmt: skip
+    assert re.findall(r"^!.*", (build / "paper.log").read_text(errors="replace"), re.M) == []
+
+    def words(pdf: Path) -> list[str]:
+        out = ["pdftotext", "-layout", str(pdf), "-"]
+        return subprocess.run(out, capture_output=True, text=True, check=True).stdout.split()
+
+    assert words(build / "paper.pdf") == words(quality_study / "paper" / "paper.pdf")
