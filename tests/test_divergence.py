@@ -34,7 +34,15 @@ def diverging_study(tiny_study, **overrides):
         "device": "cpu",
         "model": cfg["model"],
         "train": {"lr": 1.0, "grad_clip": 0.0, "warmup_steps": 1, "eval_sequences": 4},
-        "measure": {"warmup_steps": 2, "min_timed_steps": 4, "max_timed_steps": 200},
+        # a precision no step time reaches: timing never stops before the loss turns non-finite
+        # (at 1% a quiet CPU stopped after a few timed steps, before the divergence)
+        "measure": {
+            "warmup_steps": 2,
+            "min_timed_steps": 4,
+            "max_timed_steps": 200,
+            "target_rel_ci": 1e-9,
+            "max_timed_s": 600,
+        },  # fmt: skip
         "search": {"cpu_memory_budget_gib": 8 / 1024, "max_batch": 512},
         "quality": {"tokens": 200 * 4 * 32, "batch": 4, "seeds": 1},
         "techniques": {"unstable": UNSTABLE},
