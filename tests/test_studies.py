@@ -11,6 +11,7 @@ tables, render them again (tools/render_studies.sh does it for every study here)
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -29,13 +30,33 @@ def study(request):
     return ROOT / "studies" / request.param
 
 
-@pytest.fixture(scope="module")
-def rendered(study, tmp_path_factory):
-    copy = tmp_path_factory.mktemp(study.name) / "study"
+def _render(study: Path, copy: Path) -> Path:
+    """The study's results copied to `copy` and its paper rendered there by this code."""
     shutil.copytree(study, copy, ignore=shutil.ignore_patterns("paper"))
     args = ["paper", "--config", copy / "config.yaml", "--results", copy / "results"]
     main([*map(str, args), "--data", str(copy / "data"), "--out", str(copy / "paper")])
     return copy
+
+
+def _pdftotext(pdf: Path) -> str:  # pdftotext (poppler-utils) and pdflatex: .ci/run installs both
+    out = ["pdftotext", "-layout", str(pdf), "-"]
+    return subprocess.run(out, capture_output=True, text=True, check=True).stdout
+
+
+def _compile(paper: Path, build: Path) -> str:
+    """The paper's .tex compiled (twice, for references) in `build`; its LaTeX log."""
+    shutil.copytree(paper, build)
+    for _ in range(2):
+        subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "paper.tex"],
+            cwd=build, capture_output=True, timeout=300,
+        )  # fmt: skip
+    return (build / "paper.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def rendered(study, tmp_path_factory):
+    return _render(study, tmp_path_factory.mktemp(study.name) / "study")
 
 
 def test_paper_is_what_this_code_renders_from_the_results(study, rendered):
@@ -156,14 +177,7 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
     """The committed PDF: every figure is on a page before the configuration appendix; and the
     LaTeX, compiled here, has no error, gives the committed PDF's text and overflows no line by
     more than 12 pt (long hashes used to run off)."""
-    import subprocess  # pdftotext (poppler-utils) and pdflatex: .ci/run installs both
-
-    def pdftotext(pdf: Path) -> str:
-        return subprocess.run(
-            ["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True
-        ).stdout
-
-    text = pdftotext(study / "paper" / "paper.pdf")
+    text = _pdftotext(study / "paper" / "paper.pdf")
     pages = text.split("\f")
     appendix = next(
         i for i, p in enumerate(pages) if re.search(r"^[A-Z]\s+The configuration", p, re.M)
@@ -177,18 +191,12 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
         r"^\s*A\s+Every timing cell", "\f".join(pages[references:]), re.M
     )
     build = tmp_path / "tex"
-    shutil.copytree(rendered / "paper", build)
-    for _ in range(2):
-        subprocess.run(
-            ["pdflatex", "-interaction=nonstopmode", "paper.tex"],
-            cwd=build, capture_output=True, timeout=300,
-        )  # fmt: skip
-    log = (build / "paper.log").read_text(errors="replace")
+    log = _compile(rendered / "paper", build)
     assert (
         re.findall(r"^!.*", log, re.M) == []
     )  # nonstopmode goes on past errors (a ≥ it did not know)
     # the committed PDF is this .tex's, not an older one (words compared: -layout's spacing varies)
-    assert pdftotext(build / "paper.pdf").split() == text.split()
+    assert _pdftotext(build / "paper.pdf").split() == text.split()
     over = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert over == [] or max(over) <= 12, over
 
@@ -218,10 +226,7 @@ def _verdicts(runs: pd.DataFrame, reference: str, margin: float) -> dict:
 
 
 def test_quality_paper_is_what_this_code_renders(quality_study, tmp_path):
-    copy = tmp_path / "study"
-    shutil.copytree(quality_study, copy, ignore=shutil.ignore_patterns("paper"))
-    args = ["paper", "--config", copy / "config.yaml", "--results", copy / "results"]
-    main([*map(str, args), "--data", str(copy / "data"), "--out", str(copy / "paper")])
+    copy = _render(quality_study, tmp_path / "study")
     for name in ("paper.md", "paper.tex"):
         assert (copy / "paper" / name).read_text() == (quality_study / "paper" / name).read_text()
     csv = "quality.csv"
@@ -262,17 +267,7 @@ def test_quality_study_runs_meet_the_bars_and_its_verdicts_are_the_runs(quality_
 def test_the_quality_pdf_is_its_tex_and_compiles_cleanly(quality_study, tmp_path):
     """The committed quality PDF is what its .tex compiles to (words compared), with no LaTeX
     error (`tools/render_studies.sh` writes both)."""
-    import subprocess
-
     build = tmp_path / "tex"
-    shutil.copytree(quality_study / "paper", build)
-    for _ in range(2):
-        subprocess.run(["pdflatex", "-interaction=nonstopmode", "paper.tex"], cwd=build,
-                       capture_output=True, timeout=300)  # fmt: skip
-    assert re.findall(r"^!.*", (build / "paper.log").read_text(errors="replace"), re.M) == []
-
-    def words(pdf: Path) -> list[str]:
-        out = ["pdftotext", "-layout", str(pdf), "-"]
-        return subprocess.run(out, capture_output=True, text=True, check=True).stdout.split()
-
-    assert words(build / "paper.pdf") == words(quality_study / "paper" / "paper.pdf")
+    assert re.findall(r"^!.*", _compile(quality_study / "paper", build), re.M) == []
+    committed = _pdftotext(quality_study / "paper" / "paper.pdf")
+    assert _pdftotext(build / "paper.pdf").split() == committed.split()

@@ -26,9 +26,10 @@
 # STUDY_CONFIG / STUDY_DATASET run another study (tests/test_gpu_study.py: a tiny one on the CPU);
 # a map study (config/map.yaml) runs one point per target, so each point runs on one machine;
 # STUDY_MAX_TARGETS runs only the first N targets; STUDY_ONLY (an extended regex) only the targets
-# it matches (e.g. 'point:llama_1b_16384'); STUDY_REDO (a regex on map point names) drops those
-# points' saved results on a fresh machine so they run again whole; STUDY_ONE_CALL=1 runs them all in one Snakemake
-# call (no deadline: one machine for the whole study, no DAG rebuilt per target).
+# it matches (e.g. 'point:llama_1b_16384'); STUDY_REDO (a regex on map point names) drops
+# those points' saved results on a fresh machine so they run again whole; STUDY_ONE_CALL=1 runs
+# them all in one Snakemake call (no deadline: one machine for the whole study, no DAG rebuilt
+# per target).
 # STUDY_GPUS=N runs N jobs at once (--resources gpu=N; memopt.runtime.lease gives each its own GPU);
 # a map study on N GPUs runs one Snakemake per GPU (CUDA_VISIBLE_DEVICES): each takes the largest
 # unclaimed point whose estimate still fits, so every point's searches and cells run on one GPU
