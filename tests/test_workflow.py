@@ -340,7 +340,8 @@ def test_cli_reaches_the_same_functions_as_the_rules(smoke):
     # The same training, step by step; how many steps are timed depends on the timings' noise
     # (they stop once the confidence interval is narrow enough), which differs between runs.
     n = min(len(cell["loss_curve"]), len(rule_curve))
-    assert n >= 3 + 5  # the smoke study's warm-up + min_timed_steps
+    measure = yaml.safe_load((wd / "study.yaml").read_text())["measure"]
+    assert n >= measure["warmup_steps"] + measure["min_timed_steps"]  # 3 + 3 in the smoke study
     assert cell["loss_curve"][:n] == rule_curve[:n]
     bad = memopt(wd, "cell", "nope", "same", "--config", "study.yaml")
     assert (
