@@ -301,3 +301,28 @@ def test_a_prediction_first(error):
                 without += len(run(peak, state)[1])
     if error == 0:
         assert with_guess * 2.5 < without
+
+
+@pytest.mark.parametrize("over", [0, 3, 11, 40])
+def test_a_host_bound_from_one_fit_is_not_trusted(over):
+    """The H200's offload search (default study at b969e24): memopt plan guessed 1,493 sequences,
+    1,447 (1/32 below) fit, and the host's bound predicted from that one fit's offloaded
+    tensors said 1,472 where 1,461 is the last that fits (it cannot tell the sizes that grow
+    with the batch from the fixed ones without a second fit far below). Trusting it, the search
+    walked down from miss to miss: 10 trials, and the line's fit at half an 11th. The fit at half
+    now comes right after the first fit, and with it the bound is exact."""
+    maximum, calls = 1461, []
+
+    def test(k):
+        calls.append(k)
+        return {"backward": 1740.0 + 38.3 * k} if k <= maximum else None
+
+    def host_bound(fits):  # exact with a fit at most half the largest, else `over` too high
+        top = max(fits, default=0)
+        return maximum if any(2 * k <= top for k in fits) else maximum + over
+
+    found = prove_max(test, 11_233, {"backward": 141_121.0}, {"backward": 1341.0},
+                      bound=host_bound, guess=1493)  # fmt: skip
+    assert (found["lo"], found["hi"]) == (maximum, maximum + 1)
+    assert len(calls) == len(set(calls)) <= 5, found["order"]  # 1493, 1447, 723, 1461, 1462
+    assert 1447 // 2 in calls  # the line's fit at half: memopt.jobs.search runs no other

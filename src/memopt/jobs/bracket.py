@@ -104,9 +104,10 @@ def prove_max(
     """The largest k <= ceiling that fits with k + 1 not fitting (_from_below says how, and
     what the arguments are), trying first `guess`, a predicted maximum (memopt.plan), then the
     batch after it: a right prediction is proven in 2 trials. A low one goes on from the batch
-    after it; a high one from 1/32 below it, else from `first` below that. On the synthetic
-    curves of tests/test_bracket.py: at most 8 trials from a guess 90% low to 3% high, 10 from
-    one higher."""
+    after it; a high one from 1/32 below it, else from `first` below that. With a `bound`,
+    the fit at half of that first fit comes next (a bound from one fit is not exact). On the
+    synthetic curves of tests/test_bracket.py: at most 8 trials from a guess 90% low to 3%
+    high, 10 from one higher."""
     if guess is None or not first < guess <= ceiling:  # (at `first`: the search's own start)
         return _from_below(test, ceiling, limits, state, first, bound)
     order = []
@@ -117,9 +118,16 @@ def prove_max(
         return usage
 
     def on_from(k: int, usage: Usage, top: int) -> dict:  # a fit at k: the search up to top
-        known = {k: usage}
+        known, seed = {k: usage}, {}
+        if bound is not None and k // 2 >= max(1, first):
+            # A bound predicted from one fit's tensors cannot tell the sizes that grow with the
+            # batch from the fixed ones (memopt.jobs.search._host_bound), and a wrong bound
+            # walks down from miss to miss: the fit at half of k (the memory line's, run at
+            # the end otherwise) comes first, so the bound is exact from the start.
+            if (half := tried(k // 2)) is not None:
+                seed[k // 2] = half
         return _from_below(lambda j: known.pop(j) if j in known else tried(j), top, limits,
-                           state, k, bound, large_first=k >= SMALL_BRACKET)  # fmt: skip
+                           state, k, bound, large_first=k >= SMALL_BRACKET, seed=seed)  # fmt: skip
 
     if tried(guess) is None:  # high: a little below it (a prediction is rarely far
         # off), else the search from its first batch below that
@@ -140,20 +148,21 @@ def prove_max(
     return {**found, "order": order}
 
 
-def _from_below(test, ceiling, limits, state, first, bound, large_first=False) -> dict:
+def _from_below(test, ceiling, limits, state, first, bound, large_first=False, seed=None) -> dict:
     """The largest k <= ceiling with test(k) fitting and test(k + 1) not (or k = ceiling).
 
     `test(k)` -> use per resource, or None when k does not fit; `limits`: what each resource may
     use; `state`: each resource's use before any batch, where known; `first`: the first trial;
     `bound(fits)`: the largest k a limit that the caller predicts exactly allows (the host's
     pinned memory: memopt.jobs.search), or None; `large_first`: the first trial is a guess's,
-    already large (the next aims at the line from the state, not at 4 times it).
+    already large (the next aims at the line from the state, not at 4 times it); `seed`: fits
+    made before, below `first`.
     Returns lo (the largest fit, 0: none), hi (the smallest miss, None: none up to the ceiling),
     the first prediction from two fits, and the trials in order as (k, fitted).
     """
-    fits: dict[int, Usage] = {}
+    fits: dict[int, Usage] = dict(seed or {})
     order: list[tuple[int, bool]] = []
-    lo, hi = 0, None
+    lo, hi = max(fits, default=0), None
 
     def run(k: int) -> bool:
         nonlocal lo, hi
