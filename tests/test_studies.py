@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from memopt.run.cli import main
 
@@ -68,7 +69,14 @@ def test_paper_is_what_this_code_renders_from_the_results(study, rendered):
         assert (rendered / "results" / csv).read_text() == (study / "results" / csv).read_text()
 
 
-def test_job_time_is_within_twenty_minutes_and_the_paper_says_so(study):
+# Job time, the sum of Snakemake's benchmark files (docs/protocol.md, "Study time"): 20 minutes on
+# an H100 with the checkpointed techniques' searches capped at 512 sequences; uncapped (issue 34,
+# `search.max_batch: null`) their maxima take steps of seconds, and the H200's study at b969e24 took
+# 1,635 s (its offload search 321 s in 11 trials, since cut to 5: tests/test_bracket.py).
+JOB_MINUTES = {"h100-default": 20, "h100-protocol-v2": 20, "h200-default": 28}
+
+
+def test_job_time_is_within_its_budget_and_the_paper_says_so(study):
     times = {
         p.relative_to(study / "results" / "benchmarks"): float(
             p.read_text().splitlines()[-1].split("\t")[0]
@@ -79,7 +87,7 @@ def test_job_time_is_within_twenty_minutes_and_the_paper_says_so(study):
     quality = list((study / "results" / "quality").glob("*/*.json"))
     searches = list((study / "results" / "search").glob("*.json"))
     assert len(times) == 3 + len(searches) + len(cells) + len(quality) + 3  # every job's file
-    assert sum(times.values()) <= 20 * 60
+    assert sum(times.values()) <= JOB_MINUTES[study.name] * 60
     counted = sum(t for p, t in times.items() if p.name != "render.tsv")  # the paper's rule
     stages = (study / "paper" / "paper.md").read_text().split("wall-clock time per stage")[1]
     total = re.search(r"\| total \| \d+ \| ([\d,.]+) \|", stages).group(1)
@@ -97,9 +105,23 @@ def test_tables_are_numbered_once_and_each_run_is_listed_once(rendered):
     assert int(listed.group(1)) == len(runs) == len(listed.group(2).split(", "))
 
 
-SECTIONS_MD = ["Abstract", "1 Introduction", "2 Method", "3 Results", "4 Discussion",
-               "5 Limitations", "6 Conclusion", "References", "Reproducibility"]  # fmt: skip
-SECTIONS_TEX = ["Introduction", "Method", "Results", "Discussion", "Limitations", "Conclusion"]
+def _links(study: Path) -> dict:
+    """The studies (map, quality) whose sections the study's paper links in (`paper.map`,
+    `paper.quality`)."""
+    paper = yaml.safe_load((study / "config.yaml").read_text()).get("paper") or {}
+    return {k: paper[k] for k in ("map", "quality") if paper.get(k)}
+
+
+def _sections(study: Path) -> list[str]:
+    """The main text's sections in order: a linked map or quality study adds its own after the
+    results, which are then "at the default point"."""
+    links = _links(study)
+    results = ["Results at the default point" if links else "Results"]
+    results += ["Results across the map"] * ("map" in links)
+    results += ["Quality with statistical power"] * ("quality" in links)
+    return ["Introduction", "Method", *results, "Discussion", "Limitations", "Conclusion"]
+
+
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
 
 
@@ -107,12 +129,15 @@ def _numbers(text: str) -> set[str]:
     return {n.rstrip(",") for n in _NUMBER.findall(text)}
 
 
-def test_the_paper_has_the_sections_of_a_paper_in_both_formats(rendered):
+def test_the_paper_has_the_sections_of_a_paper_in_both_formats(study, rendered):
     md = (rendered / "paper" / "paper.md").read_text()
     tex = (rendered / "paper" / "paper.tex").read_text()
-    assert re.findall(r"^## (.+)$", md, flags=re.M)[: len(SECTIONS_MD)] == SECTIONS_MD
-    assert re.findall(r"^\\section\{(.+)\}$", tex, flags=re.M)[: len(SECTIONS_TEX)] == SECTIONS_TEX
-    limitations = md.split("## 5 Limitations")[1].split("## 6 Conclusion")[0]
+    sections = _sections(study)
+    numbered = [f"{i} {name}" for i, name in enumerate(sections, 1)]
+    expected_md = ["Abstract", *numbered, "References", "Reproducibility"]
+    assert re.findall(r"^## (.+)$", md, flags=re.M)[: len(expected_md)] == expected_md
+    assert re.findall(r"^\\section\{(.+)\}$", tex, flags=re.M)[: len(sections)] == sections
+    limitations = md.split(numbered[-2])[1].split(numbered[-1])[0]
     assert "CPU" not in limitations  # a GPU study's limitations are about GPUs
 
 
@@ -183,7 +208,9 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
         i for i, p in enumerate(pages) if re.search(r"^[A-Z]\s+The configuration", p, re.M)
     )
     figures = [i for i, p in enumerate(pages) for _ in re.finditer(r"Figure \d+:", p)]
-    assert len(figures) == 9 and max(figures) < appendix
+    links = _links(study)  # a linked quality study adds its figure, a linked map two
+    assert len(figures) == 9 + ("quality" in links) + 2 * ("map" in links)
+    assert max(figures) < appendix
     # Issue 37: the main text (to the Conclusion; the References follow it) fits 12 pages, the
     # per-cell tables and the configuration in the appendix
     references = next(i for i, p in enumerate(pages) if re.search(r"^\s*References\s*$", p, re.M))

@@ -144,9 +144,10 @@ def _ranks(speed: dict) -> dict:
 
 
 def figure(a: dict, b: dict, path: Path) -> None:
-    """One bar per GPU for each technique both studies ran: the maximum batch (log scale, hatched
-    where the search stopped at its cap), the tokens/s at it and, where the second study has
-    same-batch cells, the tokens/s of both GPUs at the first one's baseline batch."""
+    """One bar per GPU for each technique both studies ran: the maximum batch (points on a log
+    scale where the maxima span decades, open or hatched where the search stopped at its cap),
+    the tokens/s at it and, where the second study has same-batch cells, the tokens/s of both
+    GPUs at the first one's baseline batch."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,24 +158,36 @@ def figure(a: dict, b: dict, path: Path) -> None:
     fig = Figure(figsize=(13.0 if one else 9.0, 3.6), layout="constrained")
     axes = fig.subplots(1, 3 if one else 2)
     batch_ax, speed_ax = axes[:2]
+    every = [s["cells"].loc[(t, "max"), "batch_size"] for s in (a, b) for t in common]
+    log = max(every) > 10 * min(every)  # the maxima span decades: points on a log axis, no bars
     for k, (s, color) in enumerate(((a, "#4C72B0"), (b, "#DD8452"))):
         x = [i + (k - 0.5) * 0.4 for i in range(len(common))]
         batches = [s["cells"].loc[(t, "max"), "batch_size"] for t in common]
-        bars = batch_ax.bar(x, batches, 0.4, color=color, label=f"{s['name']} ({s['gpu']})")
-        for bar, t in zip(bars, common):
-            if t in s["capped"]:
-                bar.set_hatch("//")
-        batch_ax.bar_label(bars, fontsize=6)
+        label = f"{s['name']} ({s['gpu']})"
+        if log:
+            capped = [t in s["capped"] for t in common]
+            batch_ax.scatter(x, batches, color=color, label=label, zorder=3,
+                             facecolors=["none" if c else color for c in capped])  # fmt: skip
+            for xi, v, c in zip(x, batches, capped):
+                batch_ax.annotate(f"{'≥ ' if c else ''}{v}", (xi, v), xytext=(0, 4),
+                                  textcoords="offset points", ha="center", fontsize=6)  # fmt: skip
+        else:
+            bars = batch_ax.bar(x, batches, 0.4, color=color, label=label)
+            for bar, t in zip(bars, common):
+                if t in s["capped"]:
+                    bar.set_hatch("//")
+            batch_ax.bar_label(bars, fontsize=6)
         speeds = [s["cells"].loc[(t, "max"), "tokens_per_s"] / 1000 for t in common]
         speed_ax.bar_label(speed_ax.bar(x, speeds, 0.4, color=color), fmt="%.0f", fontsize=6)
         if one:
             at = [one[k][t] / 1000 for t in common]
             axes[2].bar_label(axes[2].bar(x, at, 0.4, color=color), fmt="%.0f", fontsize=6)
-    every = [s["cells"].loc[(t, "max"), "batch_size"] for s in (a, b) for t in common]
-    if max(every) > 10 * min(every):  # the maxima span decades
+    if log:
         batch_ax.set_yscale("log")
-        batch_ax.set_ylim(bottom=1)
-    batch_ax.set_title("maximum batch (sequences; hatched: at the search's cap)", fontsize=9)
+        batch_ax.set_ylim(min(every) / 2, max(every) * 3)
+        batch_ax.grid(axis="y", which="major", alpha=0.3)
+    capped = "open: at the search's cap" if log else "hatched: at the search's cap"
+    batch_ax.set_title(f"maximum batch (sequences; {capped})", fontsize=9)
     speed_ax.set_title("thousand tokens/s at the maximum batch", fontsize=9)
     if one:
         extra = batch != b["cells"].loc[("baseline", "same"), "batch_size"]  # another run's
