@@ -98,6 +98,8 @@ def test_tables_are_numbered_once_and_each_run_is_listed_once(rendered):
     text = (rendered / "paper" / "paper.md").read_text()
     numbers = re.findall(r"^Table (\w+):", text, flags=re.M)
     assert len(numbers) == len(set(numbers)) >= 8
+    # in the order they appear (a linked quality study moves loss by position to the appendix)
+    assert numbers == [str(i) for i in range(1, len(numbers) + 1)]
     summary = pd.read_csv(rendered / "results" / "summary.csv", dtype={"batch_entry": str})
     retried = summary["allocator_alloc_retries"] + summary["allocator_ooms"] > 0
     runs = summary[summary["measured_as"].isna() & retried]

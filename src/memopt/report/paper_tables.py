@@ -14,7 +14,14 @@ from memopt.report.paper_tables_effects import (
     relative_table,
 )
 from memopt.report.paper_tables_quality import exactness_table, positions_table, quality_table
-from memopt.report.tables import TABLE_ORDER, Span, Table, number, table_numbers
+from memopt.report.tables import (
+    LINKED_QUALITY_ORDER,
+    TABLE_ORDER,
+    Span,
+    Table,
+    number,
+    table_numbers,
+)
 
 
 def techniques_table(ctx: dict) -> Table:
@@ -261,7 +268,9 @@ def build(ctx: dict) -> dict[str, Table | None]:
         "stages": bool(ctx["stages"]["rows"]),
         "positions": any(r.get("positions") for r in ctx["quality"]["rows"]),
     }
-    ctx["tn"] = table_numbers(name for name in TABLE_ORDER if has.get(name, True))
+    linked = (ctx["config"].get("paper") or {}).get("quality")
+    order = LINKED_QUALITY_ORDER if linked else TABLE_ORDER
+    ctx["tn"] = table_numbers((name for name in order if has.get(name, True)), order)
     builders = {
         "techniques": techniques_table, "results": results_table, "search": search_table,
         "quality": quality_table, "optimal": optimal_table, "exactness": exactness_table,

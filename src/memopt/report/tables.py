@@ -20,6 +20,12 @@ TABLE_ORDER = (
     "relative", "search", "quality", "positions", "increments", "recommend",  # main text
     "results", "memory", "exactness", "optimal",  # appendix
 )  # fmt: skip
+# With a quality study linked in (paper.quality), the paper's own loss-by-position table is in
+# the appendix, after the exactness runs (paper/templates/paper.*.j2)
+LINKED_QUALITY_ORDER = (
+    "relative", "search", "quality", "increments", "recommend",
+    "results", "memory", "exactness", "positions", "optimal",
+)  # fmt: skip
 
 
 def number(ctx: dict, name: str) -> int | None:
