@@ -72,7 +72,8 @@ def test_paper_is_what_this_code_renders_from_the_results(study, rendered):
 # Job time, the sum of Snakemake's benchmark files (docs/protocol.md, "Study time"): 20 minutes on
 # an H100 with the checkpointed techniques' searches capped at 512 sequences; uncapped (issue 34,
 # `search.max_batch: null`) their maxima take steps of seconds, and the H200's study at b969e24 took
-# 1,635 s (its offload search 321 s in 11 trials, since cut to 5: tests/test_bracket.py).
+# 1,635 s with the paper's rendering (its offload search 321 s in 11 trials, since cut to 5:
+# tests/test_bracket.py).
 JOB_MINUTES = {"h100-default": 20, "h100-protocol-v2": 20, "h200-default": 28}
 
 

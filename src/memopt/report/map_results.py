@@ -27,7 +27,7 @@ MAP_COLUMNS = (
 )  # fmt: skip
 
 
-def _limit(search: dict) -> str | None:
+def search_limit(search: dict) -> str | None:
     """What stopped the batch from growing: memory (the GPU's, or a CPU's budget), host (pinned
     memory for offloaded activations), data (the training tokens) or cap (search.max_batch)."""
     if search["status"] == "capped":
@@ -48,7 +48,7 @@ def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, 
     row = {
         "point": point, "model": model_name, "arch": trained["arch"],
         "params": param_count(trained, vocab), "seq_len": seq, "technique": search["technique"],
-        "search_status": search["status"], "limit": _limit(search),
+        "search_status": search["status"], "limit": search_limit(search),
         "max_batch": search["max_batch"], "max_tokens": search["max_batch"] * seq,
         "trials": len(search["trials"]), "search_s": search["seconds"],
         "per_token_mib": fit["per_sample_mib"] / seq if fit.get("per_sample_mib") else None,

@@ -18,6 +18,7 @@ import jinja2
 from memopt.errors import MemoptError
 from memopt.knobs import KNOBS
 from memopt.report import paper_tables, tables
+from memopt.report.map_results import search_limit
 from memopt.report.paper_analysis import (
     add_hfu,
     add_tf32_speedups,
@@ -111,7 +112,7 @@ def _search(path: Path) -> dict:
             raise MemoptError(f"{path}: search JSON lacks required key '{key}'")
     failed = [t["batch"] for t in search["trials"] if not t["fits"]]
     fit = search.get("fit") or {}
-    return {
+    out = {
         **search,
         "n_trials": len(search["trials"]),
         "first_failing_batch": min(failed) if failed else None,
@@ -120,6 +121,7 @@ def _search(path: Path) -> dict:
         "predicted_batch": search.get("predicted_batch"),
         "prediction_error": search.get("prediction_error"),
     }
+    return {**out, "limit": search_limit(out)}  # memory, host (offload's pinned memory), data, cap
 
 
 def _provenance(cells: list[dict]) -> dict:
@@ -241,6 +243,7 @@ def build_context(
         "baseline": baseline,
         "compared": [t for t in dict.fromkeys(c["technique"] for c in cells) if t != baseline],
         "searches": searches,
+        "from_plan": any(s.get("plan_batch") is not None for s in searches),  # its first trial
         "corpus": corpus,
         "tokens": tokens,
         "config": config,

@@ -79,8 +79,12 @@ def _quality(root: Path) -> dict:
     )
     table = Table(["function", "techniques", "Δ val loss", "MDD", "verdict"], "llrrl", body,
                   caption, None, "linked-quality")  # fmt: skip
+    from memopt.report.quality_paper import _family  # the quality paper's own check
+
+    family = _family({"quality": q, "quality_runs": runs})  # the verdicts as one family
     return {"path": root.as_posix(), "quality": q, "rows": rows, "table": table, "gpus": gpus,
-            "tokens": tokens, "seeds": config["quality"]["seeds"], "model": config["model"]}  # fmt: skip
+            "tokens": tokens, "seeds": config["quality"]["seeds"], "model": config["model"],
+            "family": family}  # fmt: skip
 
 
 def linked_studies(config: dict, templates: Path, render) -> dict:

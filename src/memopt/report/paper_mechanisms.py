@@ -230,10 +230,10 @@ def mechanism(
     changed = changed_groups(c, base)
     causes = _speed_causes(c, base, ratio > 1) if len(changed) == 1 else []
     why = ": " + "; ".join(causes) if causes else ""
-    if len(changed) > 1:  # a cause only from a one-knob pair (Section 4, the increments table)
+    if len(changed) > 1:  # a cause only from a one-knob pair (the increments table)
         knobs = ", ".join(changed[:-1]) + " and " + changed[-1]
-        why = (f"; it changes {knobs} at once, so this ratio credits none of them (Section 4 "
-               "compares one knob at a time)")  # fmt: skip
+        why = (f"; it changes {knobs} at once, so this ratio credits none of them (the table of "
+               "incremental effects compares one knob at a time)")  # fmt: skip
     out.append(f"It trains {ratio:.2f}x the baseline's tokens per second{util}{why}.")
     if exact and exact.get("max_abs_diff") == 0 and exact.get("reference") != c["technique"]:
         out.append(

@@ -274,7 +274,8 @@ def story(ctx: dict) -> dict:
     base_search = searches.get(ctx["baseline"], {})
     per_sample = [
         {"technique": s["technique"], "per_sample_mib": s["per_sample_mib"],
-         "max_batch": s["max_batch"], "capped": s["status"] == "capped"}
+         "max_batch": s["max_batch"], "capped": s["status"] == "capped",
+         "host": s.get("limit") == "host"}
         for s in ctx["searches"]
         if s.get("per_sample_mib") is not None
     ]  # fmt: skip
@@ -307,6 +308,15 @@ def story(ctx: dict) -> dict:
     parts = {name: peak_parts(c) for name, c in same.items()}
     return {
         "optimal_tokens_per_param": OPTIMAL_TOKENS_PER_PARAM,
+        "host_limited": [  # offloading searches the host's pinned memory stopped, not the GPU's
+            {
+                "technique": s["technique"],
+                "max_batch": s["max_batch"],
+                "budget_gib": (s.get("host_budget_mib") or 0) / 1024,
+            }
+            for s in ctx["searches"]
+            if s.get("limit") == "host"
+        ],  # fmt: skip
         "memory": _memory_terms(ctx),
         "fused_share": _fused_share(same, ctx["baseline"], ctx["techniques"]),
         "per_layer": per_layer_bytes(ctx["searches"], ctx["model"], ctx["tokens"]["vocab_size"]),

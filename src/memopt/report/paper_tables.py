@@ -161,11 +161,26 @@ def search_table(ctx: dict) -> Table:
         )
         if slacks:  # searches that count a peak within the allocator's slack as a miss
             within += f", its allocated peak at least {num(slacks[-1], 0)} MiB below that"
-    fitted = any(s.get("predicted_batch") is not None for s in searches)
-    caption = (
-        f"the largest batch each technique trains at{within}.\n`capped` means the search stopped "
-        "at its cap, so the true maximum is at least that."
-    )
+    planned = any(s.get("plan_batch") is not None for s in searches)  # it tried memopt plan's first
+    fitted = not planned and any(s.get("predicted_batch") is not None for s in searches)
+    caption = f"the largest batch each technique trains at{within}."
+    if any(s["status"] == "capped" for s in searches):
+        caption += (
+            "\n`capped` means the search stopped at its cap, so the true maximum is at least that."
+        )
+    hosts = [s for s in searches if s.get("limit") == "host"]
+    if hosts:
+        budget = max(s.get("host_budget_mib") or 0 for s in hosts) / 1024
+        caption += (
+            "\n`ok (host)`: the host's pinned memory for the offloaded activations stopped it, not "
+            f"the GPU's (this process's share of half the host's memory, {budget:.1f} GiB)."
+        )
+    if planned:
+        caption += (
+            "\nFixed and per-sample memory are the search's linear fit of peak memory on its "
+            "trials; *plan* is memopt plan's predicted maximum, the search's first trial, and "
+            "*error* its distance from the proven maximum (positive: over-predicted)."
+        )
     if fitted:
         caption += (
             "\nFixed and per-sample memory are the search's linear fit of peak memory on its probe "
@@ -175,10 +190,15 @@ def search_table(ctx: dict) -> Table:
         )
     rows = []
     for s in searches:
-        row = [s["technique"], num(s["max_batch"], 0), s["status"], s["n_trials"],
+        status = s["status"] + (" (host)" if s.get("limit") == "host" else "")
+        row = [s["technique"], num(s["max_batch"], 0), status, s["n_trials"],
                num(s["first_failing_batch"], 0),
                num(s["seconds"], 1) if "seconds" in s else "n/a",
                num(s["fixed_mib"], 0), num(s["per_sample_mib"], 1)]  # fmt: skip
+        if planned:
+            err = s.get("plan_error")
+            known = err is not None and s["status"] != "capped"
+            row += [num(s.get("plan_batch"), 0), f"{err:+,}" if known else "n/a"]
         if fitted:
             err = s.get("prediction_error")
             known = err is not None and s["status"] != "capped"
@@ -186,10 +206,10 @@ def search_table(ctx: dict) -> Table:
         rows.append(row)
     columns = ["technique", "max batch", "status", "trials", "first failing batch",
                "search time (s)", "fixed (MiB)", "per sample (MiB)"]  # fmt: skip
-    columns += ["predicted", "error"] * fitted
+    columns += ["plan", "error"] * planned + ["predicted", "error"] * fitted
     return Table(
         columns,
-        "lrlrrrrr" + "rr" * fitted,
+        "lrlrrrrr" + "rr" * (planned or fitted),
         rows,
         caption,
         number(ctx, "search"),

@@ -50,6 +50,23 @@ def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
     return head + f": measured against that step, every {what} would be {share}% smaller."
 
 
+def _unstable(ctx: dict) -> dict:
+    """{(technique, batch): speed-up over the baseline's same cell by median steps} for
+    the unstable cells (memopt.report.steady.instability: the per-cell table's †), whose mean
+    step time misleads."""
+
+    def median_rate(c):
+        return c["tokens_per_step"] / c["step_time_ms_median"]
+
+    ok = [c for c in ctx["cells"] if c.get("status") == "ok" and c.get("step_time_ms_median")]
+    base = next((c for c in ok if c["technique"] == ctx["baseline"]
+                 and c["batch_entry"] == "same"), None)  # fmt: skip
+    if base is None:
+        return {}
+    return {(c["technique"], c["batch_size"]): median_rate(c) / median_rate(base)
+            for c in ok if c.get("unstable") and c["technique"] != ctx["baseline"]}  # fmt: skip
+
+
 def relative_table(ctx: dict) -> Table:
     tf32, gpu = ctx["tf32"], ctx["gpu"]
     caption = (
@@ -74,8 +91,21 @@ def relative_table(ctx: dict) -> Table:
     caption += _retry_sentence(ctx, ctx["baseline"], "speed-up")
     if tf32:
         caption += _retry_sentence(ctx, tf32["technique"], '"vs TF32" ratio')
+    skewed = _unstable(ctx)
+    if skewed:
+        caption += (
+            "\nSpeed-ups divide mean step times (what a run takes); † marks an unstable cell "
+            f"(Table {number(ctx, 'results')}), whose mean step misleads: by the median step "
+            + ", ".join(f"`{t}` at {num(b, 0)} is {_x(v)}" for (t, b), v in skewed.items())
+            + "."
+        )
     rows = [
-        [r["technique"], r["batch_entry"], num(r["batch_size"], 0), _x(r["speedup"])]
+        [
+            r["technique"],
+            r["batch_entry"],
+            num(r["batch_size"], 0),
+            _x(r["speedup"]) + (" †" if (r["technique"], r["batch_size"]) in skewed else ""),
+        ]  # fmt: skip
         + [_x(r.get("speedup_tf32"))] * bool(tf32)
         + [f"{num(r['memory_reduction_pct'], 1)}%"]
         for r in ctx["relative"]
