@@ -102,7 +102,9 @@ def _activation_causes(c: dict, base: dict, rise: bool, model: dict, said: set) 
     elif c["precision"] != base["precision"] and c["precision"] in ("bf16", "fp16", "fp8"):
         causes.append(f"{c['precision']} autocast keeps matmul outputs in 16 bits")
     if c.get("compile") and not base.get("compile"):
-        causes.append("the compiled graph keeps fewer intermediates (Section 4 says which)")
+        causes.append(
+            "the compiled graph keeps fewer intermediates (this breakdown does not say which)"
+        )
     return causes
 
 

@@ -172,8 +172,9 @@ def search_table(ctx: dict) -> Table:
     if hosts:
         budget = max(s.get("host_budget_mib") or 0 for s in hosts) / 1024
         caption += (
-            "\n`ok (host)`: the host's pinned memory for the offloaded activations stopped it, not "
-            f"the GPU's (this process's share of half the host's memory, {budget:.1f} GiB)."
+            "\n`ok (host)`: the pinned host memory memopt lets the offloaded activations take "
+            f"stopped it, not the GPU's memory ({budget:.1f} GiB, half the host's memory over its "
+            "GPUs)."
         )
     if planned:
         caption += (
