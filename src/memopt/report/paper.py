@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -367,6 +368,9 @@ def render_paper(
         prose_args = {"sections": QUALITY_SECTIONS, "folder": "quality"}
     else:
         context["linked"] = linked_studies(config, Path(templates_dir), _render)
+        if "quality" in context["linked"]:  # its verdicts' table, numbered in the order (tables)
+            lq = context["linked"]["quality"]
+            lq["table"] = replace(lq["table"], number=context["tn"].get("linked_quality"))
     cite, context["cited"] = citations(Path(templates_dir).parent / "literature.yaml")
     linked = linked_prose(context.get("linked", {}), context, Path(templates_dir), _render)
     prose = render_prose(

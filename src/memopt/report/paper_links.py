@@ -72,7 +72,7 @@ def _quality(root: Path) -> dict:
     gpus = sorted({r.get("provenance_gpu") for r in runs if r.get("provenance_gpu")})
     tokens = next((r["tokens"] for r in runs if r.get("tokens")), None)
     caption = (
-        f"The quality study ({root.as_posix()}): each function's paired difference of validation "
+        f"the quality study ({root.as_posix()}): each function's paired difference of validation "
         f"loss from `{q['reference_function']}` (nats, mean [95% interval] over "
         f"{config['quality']['seeds']} seeds of {num(tokens, 0)} tokens each), its minimum "
         f"detectable difference and its verdict against ±{num(q['margin'], 3)}."

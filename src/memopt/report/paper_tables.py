@@ -288,6 +288,7 @@ def build(ctx: dict) -> dict[str, Table | None]:
         "gpus": bool(ctx["where"]["gpus"]),
         "stages": bool(ctx["stages"]["rows"]),
         "positions": any(r.get("positions") for r in ctx["quality"]["rows"]),
+        "linked_quality": bool((ctx["config"].get("paper") or {}).get("quality")),
     }
     linked = (ctx["config"].get("paper") or {}).get("quality")
     order = LINKED_QUALITY_ORDER if linked else TABLE_ORDER

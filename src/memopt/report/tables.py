@@ -20,10 +20,11 @@ TABLE_ORDER = (
     "relative", "search", "quality", "positions", "increments", "recommend",  # main text
     "results", "memory", "exactness", "optimal",  # appendix
 )  # fmt: skip
-# With a quality study linked in (paper.quality), the paper's own loss-by-position table is in
-# the appendix, after the exactness runs (paper/templates/paper.*.j2)
+# With a quality study linked in (paper.quality), its verdicts' table follows the results, and
+# the paper's own loss-by-position table is in the appendix, after the exactness runs
+# (paper/templates/paper.*.j2)
 LINKED_QUALITY_ORDER = (
-    "relative", "search", "quality", "increments", "recommend",
+    "relative", "search", "quality", "increments", "linked_quality", "recommend",
     "results", "memory", "exactness", "positions", "optimal",
 )  # fmt: skip
 
