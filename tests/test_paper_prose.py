@@ -169,7 +169,7 @@ def test_the_references_are_what_the_prose_cites(tmp_path):
     """cite() in the prose (paper/literature.yaml): the in-text form, the References in the
     order first cited, each once; a key the file lacks is an error naming the key and file."""
     from memopt.errors import MemoptError
-    from memopt.report.paper_prose import citations
+    from memopt.report.paper_literature import citations
 
     cite, cited = citations(ROOT / "paper" / "literature.yaml")
     assert cite("dao2022", "dao2023") == "(Dao et al., 2022; Dao, 2023)"

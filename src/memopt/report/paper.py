@@ -30,8 +30,9 @@ from memopt.report.paper_analysis import (
 from memopt.report.paper_format import config_yaml, make_environment
 from memopt.report.paper_gpus import gpus_used
 from memopt.report.paper_links import linked_figures, linked_prose, linked_studies
+from memopt.report.paper_literature import citations
 from memopt.report.paper_mechanisms import mechanisms
-from memopt.report.paper_prose import citations, render_prose
+from memopt.report.paper_prose import render_prose
 from memopt.report.paper_reference import reference_comparison
 from memopt.report.quality_paper import SECTIONS as QUALITY_SECTIONS
 from memopt.report.quality_paper import figure_names as quality_figures

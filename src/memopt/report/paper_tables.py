@@ -161,7 +161,7 @@ def search_table(ctx: dict) -> Table:
         )
         if slacks:  # searches that count a peak within the allocator's slack as a miss
             within += f", its allocated peak at least {num(slacks[-1], 0)} MiB below that"
-    planned = any(s.get("plan_batch") is not None for s in searches)  # it tried memopt plan's first
+    planned = ctx["from_plan"]  # the searches tried memopt plan's maximum first
     fitted = not planned and any(s.get("predicted_batch") is not None for s in searches)
     caption = f"the largest batch each technique trains at{within}."
     if any(s["status"] == "capped" for s in searches):
@@ -196,14 +196,11 @@ def search_table(ctx: dict) -> Table:
                num(s["first_failing_batch"], 0),
                num(s["seconds"], 1) if "seconds" in s else "n/a",
                num(s["fixed_mib"], 0), num(s["per_sample_mib"], 1)]  # fmt: skip
-        if planned:
-            err = s.get("plan_error")
+        if planned or fitted:  # memopt plan's first trial, else the fit's boundary; its error
+            err = s.get("plan_error" if planned else "prediction_error")
             known = err is not None and s["status"] != "capped"
-            row += [num(s.get("plan_batch"), 0), f"{err:+,}" if known else "n/a"]
-        if fitted:
-            err = s.get("prediction_error")
-            known = err is not None and s["status"] != "capped"
-            row += [num(_fit_at_budget(s), 0), f"{err:+,}" if known else "n/a"]
+            guess = s.get("plan_batch") if planned else _fit_at_budget(s)
+            row += [num(guess, 0), f"{err:+,}" if known else "n/a"]
         rows.append(row)
     columns = ["technique", "max batch", "status", "trials", "first failing batch",
                "search time (s)", "fixed (MiB)", "per sample (MiB)"]  # fmt: skip
@@ -290,8 +287,7 @@ def build(ctx: dict) -> dict[str, Table | None]:
         "positions": any(r.get("positions") for r in ctx["quality"]["rows"]),
         "linked_quality": bool((ctx["config"].get("paper") or {}).get("quality")),
     }
-    linked = (ctx["config"].get("paper") or {}).get("quality")
-    order = LINKED_QUALITY_ORDER if linked else TABLE_ORDER
+    order = LINKED_QUALITY_ORDER if has["linked_quality"] else TABLE_ORDER
     ctx["tn"] = table_numbers((name for name in order if has.get(name, True)), order)
     builders = {
         "techniques": techniques_table, "results": results_table, "search": search_table,
