@@ -73,8 +73,8 @@ def test_paper_is_what_this_code_renders_from_the_results(study, rendered):
 # an H100 with the checkpointed techniques' searches capped at 512 sequences; uncapped (issue 34,
 # `search.max_batch: null`) their maxima take steps of seconds, and the H200's study at b969e24 took
 # 1,635 s with the paper's rendering (its offload search 321 s in 11 trials, since cut to 5:
-# tests/test_bracket.py).
-JOB_MINUTES = {"h100-default": 20, "h100-protocol-v2": 20, "h200-default": 28}
+# tests/test_bracket.py), the H100's at 0200400 1,376 s.
+JOB_MINUTES = {"h100-default": 24, "h100-protocol-v2": 20, "h200-default": 28}
 
 
 def test_job_time_is_within_its_budget_and_the_paper_says_so(study):
@@ -217,7 +217,9 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
     # Issue 37: the main text (to the Conclusion; the References follow it) fits 12 pages, the
     # per-cell tables and the configuration in the appendix
     references = next(i for i, p in enumerate(pages) if re.search(r"^\s*References\s*$", p, re.M))
-    assert references < 12 and re.search(
+    before = re.split(r"^\s*References\s*$", pages[references], flags=re.M)[0]
+    main_pages = references + bool(before.strip())  # the Conclusion may end a page
+    assert main_pages <= 12 and re.search(
         r"^\s*A\s+Every timing cell", "\f".join(pages[references:]), re.M
     )
     build = tmp_path / "tex"

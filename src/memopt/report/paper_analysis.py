@@ -58,7 +58,7 @@ def _quality_words(row: dict | None) -> str:
         return "the reference quality"
     words = {"equivalent": "equivalent to", "worse": "worse than", "better": "better than"}
     verdict = words.get(row["verdict"], f"{row['verdict']} against")
-    return f"quality {verdict} the baseline's function"
+    return f"quality {verdict} the baseline's"
 
 
 def recommendations(

@@ -250,12 +250,14 @@ def _uncovered_quality_kernels(ctx: dict) -> list[dict]:
     """Quality runs whose kernel none of their function's timed techniques ran: the exactness
     runs, which compare the techniques, do not cover that kernel."""
     kernels = {t["name"]: set(t.get("kernels") or []) for t in ctx["techniques"]}
-    out = []
+    out: dict[tuple, dict] = {}  # functions with the same kernel and timed kernels share a row
     for r in ctx["quality"].get("rows", []):
         ran = set().union(*(kernels.get(t, set()) for t in r["techniques"]))
         if r.get("kernel") and ran and r["kernel"] not in ran:
-            out.append({"function": r["function"], "kernel": r["kernel"], "timed": sorted(ran)})
-    return out
+            row = out.setdefault((r["kernel"], *sorted(ran)), {"functions": [],
+                                 "kernel": r["kernel"], "timed": sorted(ran)})  # fmt: skip
+            row["functions"].append(r["function"])
+    return list(out.values())
 
 
 # Training tokens per parameter at which a model of fixed compute budget trains best (Hoffmann et
