@@ -62,10 +62,21 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
         r"\section{Results across the map}" in tex
         and r"\section{Quality with statistical power}" in tex
     )
+    # the main text's room (12 pages): with the map linked, the throughput and maximum-batch
+    # figures (Tables 1 and 2 have their numbers) and, with the quality study, this study's own
+    # loss curves move to the appendix, in both formats
+    main_md, appendix_md = md.split("## Reproducibility")
+    main_tex, appendix_tex = tex.split("\\appendix")
+    for name in ("throughput", "max_batch", "loss"):
+        assert f"figures/{name}.png)" in appendix_md and f"figures/{name}.png)" not in main_md
+        assert f"/{name}.pdf}}" in appendix_tex and f"/{name}.pdf}}" not in main_tex
 
 
 def test_no_links_no_sections_and_a_wrong_folder_is_named(paper_study, tmp_path):
-    md, _ = render_linked(paper_study, None, tmp_path / "plain", {})
+    md, tex = render_linked(paper_study, None, tmp_path / "plain", {})
     assert "## 3 Results\n" in md and "across the map" not in md and "## 4 Discussion" in md
+    main_md, main_tex = md.split("## Reproducibility")[0], tex.split("\\appendix")[0]
+    for name in ("throughput", "max_batch", "loss"):  # without links, in the main text
+        assert f"figures/{name}.png)" in main_md and f"/{name}.pdf}}" in main_tex
     with pytest.raises(MemoptError, match=r"paper.quality: .*nowhere is not a published study"):
         render_linked(paper_study, None, tmp_path / "wrong", {"quality": str(tmp_path / "nowhere")})
