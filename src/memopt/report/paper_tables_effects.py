@@ -236,5 +236,7 @@ def references_table(ctx: dict) -> Table:
                "max batch vs baseline (theirs / ours)"]  # fmt: skip
     return Table(
         columns, "lllrrrr", rows, "Ratios against each study's own baseline: theirs / ours.",
-        label="references", notes=[f"Why the ratios differ from ours:{why}"], layout="resize",
+        label="references", notes=[f"Why the ratios differ from ours:{why}"], size="footnotesize",
+        colspec="@{}p{0.12\\linewidth}p{0.11\\linewidth}p{0.13\\linewidth}p{0.06\\linewidth}"
+                "p{0.18\\linewidth}p{0.12\\linewidth}p{0.11\\linewidth}@{}",  # 0.83 + 12 gaps
     )  # fmt: skip
