@@ -112,44 +112,61 @@ def test_the_story_derives_its_numbers_from_the_results(context):
     assert s["explicit_16bit"]["technique"] == "bf16"
     assert s["explicit_16bit"]["activations_mib"] > s["explicit_16bit"]["baseline_activations_mib"]
     assert s["bitwise_identical"] == ["gradcp"]
-    ratios = []  # by the median step: sequences a second at the max over those at the same batch
+    ratios, means = [], []  # sequences a second at the max over those at the same batch
     for c in context["cells"]:
         same = _cell(context, c["technique"])
         if c["batch_entry"] == "max" and not c.get("measured_as") and c["batch_size"] > 50:
             per_s = c["batch_size"] / c["step_time_ms_median"]
             ratios.append(per_s / (same["batch_size"] / same["step_time_ms_median"]) - 1)
+            means.append(c["tokens_per_s"] / same["tokens_per_s"] - 1)  # by the mean step
     speed = s["batch_speed"]
-    assert {k: speed[k] for k in ("lo", "hi", "n", "threshold")} == {
-        "lo": min(ratios),
-        "hi": max(ratios),
+    assert {k: speed[k] for k in ("lo_median", "hi_median", "lo_mean", "hi_mean", "n")} == {
+        "lo_median": min(ratios),
+        "hi_median": max(ratios),
+        "lo_mean": min(means),
+        "hi_mean": max(means),
         "n": len(ratios),
-        "threshold": 0.05,
     }
-    # a gainer gains 5% at least (by the median), beyond noise
-    assert all(g["change"] >= 0.05 for g in speed["gainers"])
-    assert len(speed["gainers"]) <= sum(r >= 0.05 for r in ratios)
+    # a gainer gains 5% at least by both the mean and the median step, beyond noise
+    assert all(min(g["mean"], g["median"]) >= 0.05 for g in speed["gainers"])
+    assert len(speed["gainers"]) <= sum(min(r, m) >= 0.05 for r, m in zip(ratios, means))
+
+
+def _flash_at_max(context, mean: float, median: float, rel_ci: float) -> dict:
+    """memopt.report.paper_prose._batch_speed with `flash`'s max cell that many times its same
+    cell's throughput by the mean and by the median step, both cells' intervals `rel_ci`."""
+    from memopt.report.paper_prose import _batch_speed
+
+    cells = [dict(c) for c in context["cells"]]
+    same = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "same")
+    top = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "max")
+    top["tokens_per_s"] = mean * same["tokens_per_s"]
+    top["step_time_ms_median"] = (
+        same["step_time_ms_median"] * top["batch_size"] / same["batch_size"] / median
+    )
+    same["step_time_ms_rel_ci95"] = top["step_time_ms_rel_ci95"] = rel_ci
+    return _batch_speed(cells)
 
 
 def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):
-    """+20% at the larger batch is a gain when the two cells' intervals are narrow, not when
-    they are wide enough to hold it."""
-    from memopt.report.paper_prose import _batch_speed
+    """+20% at the larger batch (by the mean and the median step) is a gain when the two cells'
+    intervals are narrow, not when they are wide enough to hold it."""
 
-    def with_flash_max(rel_ci):
-        cells = [dict(c) for c in context["cells"]]
-        same = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "same")
-        top = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "max")
-        top["tokens_per_s"] = 1.2 * same["tokens_per_s"]
-        # the medians say the same (the paragraph's ratio is by the median step)
-        top["step_time_ms_median"] = (
-            same["step_time_ms_median"] * top["batch_size"] / same["batch_size"] / 1.2
-        )
-        same["step_time_ms_rel_ci95"] = top["step_time_ms_rel_ci95"] = rel_ci
-        return [g for g in _batch_speed(cells)["gainers"] if g["technique"] == "flash"]
+    def gains(rel_ci):
+        speed = _flash_at_max(context, 1.2, 1.2, rel_ci)
+        return [g for g in speed["gainers"] if g["technique"] == "flash"]
 
-    (gain,) = with_flash_max(0.01)
-    assert gain["technique"] == "flash" and gain["change"] == pytest.approx(0.2)
-    assert with_flash_max(0.1) == []
+    (gain,) = gains(0.01)
+    assert gain["mean"] == pytest.approx(0.2) and gain["median"] == pytest.approx(0.2)
+    assert gains(0.1) == []
+
+
+def test_a_gain_by_the_median_alone_is_not_named(context):
+    """The H100 study's `adamw8bit`: +5% by the median step at its maximum but -5% by the mean
+    (its steps there are unsteady): not a technique that a larger batch makes faster."""
+    speed = _flash_at_max(context, 0.95, 1.05, 0.001)
+    assert "flash" not in [g["technique"] for g in speed["gainers"]]
+    assert speed["lo_mean"] <= -0.05 + 1e-9 and speed["hi_median"] >= 0.05 - 1e-9
 
 
 def test_the_story_leaves_out_what_the_data_does_not_show(context):

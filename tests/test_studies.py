@@ -199,6 +199,18 @@ def test_title_and_abstract_state_the_findings_with_seed_spreads(rendered):
     for function in quality["function"].unique():
         assert f"`{function}`" in abstract
     assert "(seeds " not in abstract
+    # issue 37: a reference that retried cudaMalloc at that batch has its cost beside the ratios,
+    # its mean step against its search's one step at that batch, from the files here
+    for ref_name in ("baseline", "tf32"):
+        cell = same[same["technique"] == ref_name]
+        if cell.empty or not cell.iloc[0]["allocator_alloc_retries"]:
+            continue
+        search = json.loads((rendered / "results" / "search" / f"{ref_name}.json").read_text())
+        step = next(t["last_step_ms"] for t in search["trials"]
+                    if t["batch"] == base.batch_size and t["fits"])  # fmt: skip
+        share = 100 * (1 - step / cell.iloc[0]["step_time_ms_mean"])
+        assert f"`{ref_name}`" in abstract.split("retried cudaMalloc")[0].splitlines()[-1]
+        assert f"{max(share, 0):.1f}%" in abstract.split("retried cudaMalloc")[1]
 
 
 def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, rendered, tmp_path):

@@ -316,23 +316,31 @@ INDEX_LIMIT = 2**31 - 1  # elements a kernel indexes with 32-bit offsets (PyTorc
 SWEEP = "studies/h200-default/same-batch/compiled-sweep"
 
 
+def batch_change(same: dict, big: dict) -> dict[str, float]:
+    """How throughput changes from one cell to another of a larger batch: by the mean step (the
+    tokens/s the tables show) and by the median step (the steady state, which a few slow steps,
+    the results table's dagger, do not move)."""
+    median = [c["batch_size"] / (c.get("step_time_ms_median") or c["step_time_ms_mean"])
+              for c in (same, big)]  # fmt: skip
+    return {"mean": big["tokens_per_s"] / same["tokens_per_s"] - 1,
+            "median": median[1] / median[0] - 1}  # fmt: skip
+
+
 def logits_step(cells: list[dict], seq_len: int, vocab: int, increments: list[dict]) -> list[dict]:
     """Compiled techniques whose `max` cell's logits (batch x seq_len x vocab elements) pass 2^31
-    elements (`both_past`: the `same` cell's too): both cells' sequences a second by the median
-    step, and the change of the uncompiled twin (the one-knob pair, compile) between its own two
-    cells for contrast. Past 2^31 elements a kernel needs 64-bit indexing; the cells do
+    elements (`both_past`: the `same` cell's too): the change between its two cells by the mean
+    and the median step, and the uncompiled twin's (the one-knob pair, compile) between its own
+    two cells for contrast. Past 2^31 elements a kernel needs 64-bit indexing; the cells do
     not isolate that cause (a sweep by batch does: studies/h200-default/same-batch/compiled-sweep)."""
     last = (INDEX_LIMIT - 1) // (seq_len * vocab)  # the largest batch whose logits stay below it
     ok = {(c["technique"], c["batch_entry"]): c for c in cells if c["status"] == "ok"}
 
-    def change(technique):  # max against same, by the median step
+    def change(technique):  # max against same
         same, big = ok.get((technique, "same")), ok.get((technique, "max"))
         if not same or not big or big.get("measured_as"):
             return None
-        rate = [c["batch_size"] / (c.get("step_time_ms_median") or c["step_time_ms_mean"])
-                for c in (same, big)]  # fmt: skip
         return {"same_batch": same["batch_size"], "max_batch": big["batch_size"],
-                "change": rate[1] / rate[0] - 1}  # fmt: skip
+                "change": batch_change(same, big)}  # fmt: skip
 
     out = []
     for (technique, entry), c in ok.items():

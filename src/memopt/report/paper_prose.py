@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import jinja2
 
-from memopt.report.paper_analysis import logits_step
+from memopt.report.paper_analysis import batch_change, logits_step
 from memopt.report.paper_format import md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
+from memopt.report.paper_tables_effects import retry_cost
 from memopt.report.results import ok_cells, within_noise
 from memopt.runtime.flops import attention_flops_per_token, flops_per_token
 
@@ -77,16 +78,12 @@ GAIN = 0.05
 
 
 def _batch_speed(cells: list[dict]) -> dict | None:
-    """How throughput changes from the `same` batch to each technique's own maximum batch, by
-    the median step time (the steady state: a few slow steps, the results table's dagger, move the mean),
-    and which techniques gain from it beyond noise."""
+    """How throughput changes from the `same` batch to each technique's own maximum batch, by the
+    mean step (the tables' tokens/s) and by the median (memopt.report.paper_analysis.batch_change),
+    and which techniques gain from it by both, beyond noise."""
     same = ok_cells(cells)
-
-    def per_s(c):  # sequences a second, by the median step
-        return c["batch_size"] / (c.get("step_time_ms_median") or c["step_time_ms_mean"])
-
-    ratios = [
-        (c, per_s(c) / per_s(same[c["technique"]]) - 1)
+    changes = [
+        (c, batch_change(same[c["technique"]], c))
         for c in cells
         if c["batch_entry"] == "max"
         and c["status"] == "ok"
@@ -94,17 +91,20 @@ def _batch_speed(cells: list[dict]) -> dict | None:
         and c["technique"] in same
         and c["batch_size"] > same[c["technique"]]["batch_size"]
     ]
-    if not ratios:
+    if not changes:
         return None
     return {
-        "lo": min(r for _, r in ratios),
-        "hi": max(r for _, r in ratios),
-        "n": len(ratios),
+        **{
+            f"{k}_{m}": f(r[m] for _, r in changes)
+            for m in ("mean", "median")
+            for k, f in (("lo", min), ("hi", max))
+        },  # fmt: skip
+        "n": len(changes),
         "threshold": GAIN,
         "gainers": [
-            {"technique": c["technique"], "change": r}
-            for c, r in ratios
-            if r >= GAIN and not within_noise(c, same[c["technique"]])
+            {"technique": c["technique"], **r}
+            for c, r in changes
+            if min(r.values()) >= GAIN and not within_noise(c, same[c["technique"]])
         ],
     }
 
@@ -175,6 +175,19 @@ def _fused_share(same: dict[str, dict], baseline: str, techniques: list[dict]) -
         if twin is not None or c["precision"] == base["precision"]
         else c["precision"],
     }
+
+
+def _reference_retries(ctx: dict) -> list[dict]:
+    """The references (the baseline, the TF32 one) whose cell at the abstract's batch retried
+    cudaMalloc, with what that costs every speed-up against them (`share`, from
+    memopt.report.paper_tables_effects.retry_cost; issue 37: the cost beside the ratios)."""
+    names = [ctx["baseline"]] + ([ctx["tf32"]["technique"]] if ctx.get("tf32") else [])
+    out = []
+    for name in names:
+        r = retry_cost(ctx, name)
+        if r is not None:
+            out.append({"technique": name, **r, "share": max(0.0, 1 - 1 / (1 + r["cost"]))})
+    return out
 
 
 def _fastest_tf32(ctx: dict) -> float | None:
@@ -336,6 +349,7 @@ def story(ctx: dict) -> dict:
             if c.get("mfu") and c.get("hfu") is not None and c["hfu"] > 1.01 * c["mfu"]
         ],  # fmt: skip
         "fastest_tf32": _fastest_tf32(ctx),
+        "reference_retries": _reference_retries(ctx),
         "compile_saving": _compile_saving(ctx, same),
         "window_flops": _window_flops(ctx),
         "uncovered_kernels": _uncovered_quality_kernels(ctx),
