@@ -182,12 +182,8 @@ def _reference_retries(ctx: dict) -> list[dict]:
     cudaMalloc, with what that costs every speed-up against them (`share`, from
     memopt.report.paper_tables_effects.retry_cost; issue 37: the cost beside the ratios)."""
     names = [ctx["baseline"]] + ([ctx["tf32"]["technique"]] if ctx.get("tf32") else [])
-    out = []
-    for name in names:
-        r = retry_cost(ctx, name)
-        if r is not None:
-            out.append({"technique": name, **r, "share": max(0.0, 1 - 1 / (1 + r["cost"]))})
-    return out
+    costs = {name: retry_cost(ctx, name) for name in names}
+    return [{"technique": name, **r} for name, r in costs.items() if r is not None]
 
 
 def _fastest_tf32(ctx: dict) -> float | None:

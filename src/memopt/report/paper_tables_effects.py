@@ -15,9 +15,10 @@ def _x(value) -> str:
 def retry_cost(ctx: dict, technique: str) -> dict | None:
     """Where `technique`'s cell at the `same` batch retried cudaMalloc in its timed steps: the
     retries, and its search trial at that batch (one synchronized step in a fresh allocator) as
-    the step without them: {retries, steps, batch, cell_ms, trial_ms, cost} (cost: the cell's
-    mean step, which its tokens/s and so the ratios use, over the trial's, less 1). None without
-    retries or without such a trial."""
+    the step without them: {retries, steps, batch, cell_ms, trial_ms, cost, share} (cost: the
+    cell's mean step, which its tokens/s and so the ratios use, over the trial's, less 1; share:
+    how much smaller every ratio over it would be against the trial, 0 when the cell is no
+    slower). None without retries or without such a trial."""
     batch = ctx["findings"]["batch_size"]
     cell = next((c for c in ctx["cells"] if c["technique"] == technique and c["status"] == "ok"
                  and c["batch_size"] == batch and (c.get("allocator_alloc_retries") or 0) > 0),
@@ -27,9 +28,10 @@ def retry_cost(ctx: dict, technique: str) -> dict | None:
                   if t["batch"] == batch and t["fits"] and t.get("last_step_ms")), None)  # fmt: skip
     if cell is None or trial is None or not cell.get("step_time_ms_mean"):
         return None
+    cost = cell["step_time_ms_mean"] / trial["last_step_ms"] - 1
     return {"retries": int(cell["allocator_alloc_retries"]), "steps": int(cell["timed_steps"]),
             "batch": batch, "cell_ms": cell["step_time_ms_mean"], "trial_ms": trial["last_step_ms"],
-            "cost": cell["step_time_ms_mean"] / trial["last_step_ms"] - 1}  # fmt: skip
+            "cost": cost, "share": max(0.0, 1 - 1 / (1 + cost))}  # fmt: skip
 
 
 def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
@@ -46,8 +48,10 @@ def _retry_sentence(ctx: dict, technique: str, what: str) -> str:
         return (
             head + ": the cell is no slower than that one step, which shows no cost of the retries."
         )
-    share = num(100 * (1 - 1 / (1 + r["cost"])), 1)
-    return head + f": measured against that step, every {what} would be {share}% smaller."
+    return (
+        head
+        + f": measured against that step, every {what} would be {num(100 * r['share'], 1)}% smaller."
+    )
 
 
 def _unstable(ctx: dict) -> dict:
