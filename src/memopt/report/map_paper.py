@@ -145,6 +145,9 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             "slack_mib": max((s.get("allocator_slack_mib") or 0 for s in searches), default=0),
         },
         "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
+        # cells whose timed steps retried cudaMalloc: their tokens/s include that slow path
+        "retrying": sorted((r for r in timed if (r.get("alloc_retries") or 0) > 0),
+                           key=lambda r: r["alloc_retries"] / (r.get("timed_steps") or 1)),
         "best": best, "winners": winners, "everywhere": bool(always),
         "ties": any(len(b["techniques"]) > 1 for b in best), "bound": any(b["bound"] for b in best),
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
@@ -205,7 +208,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
     def speed(r):
         if r["tokens_per_s"] is None:
             return "OOM" if r["search_status"] == "none_fits" else "n/a"
-        return f"{num(r['tokens_per_s'] / 1000, 1)}k ({pct(r['mfu'], 0)})"
+        retried = " r" if (r.get("alloc_retries") or 0) > 0 else ""
+        return f"{num(r['tokens_per_s'] / 1000, 1)}k ({pct(r['mfu'], 0)}){retried}"
 
     def per_token(r):
         if r["per_token_mib"] is None:  # no fit: batch 1 does not fit, or only one batch did
@@ -229,7 +233,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
              "did not."],
         ),
         "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: thousand tokens/s, "
-                           "model FLOPs utilization in brackets.", 3, "speed"),
+                           "model FLOPs utilization in brackets; r: cudaMalloc failed and was "
+                           "retried in the timed steps (Limitations).", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
                                "linear fit of peak memory against batch, over the length; -: fewer than two batches "
                                "fit, so no slope.", 4, "per-token"),

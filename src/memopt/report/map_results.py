@@ -21,7 +21,8 @@ BREAKDOWN = ("weights", "gradients", "optimizer_state", "activations", "logits")
 MAP_COLUMNS = (
     ["point", "model", "arch", "params", "seq_len", "technique", "search_status", "limit",
      "max_batch", "max_tokens", "trials", "search_s", "per_token_mib", "fixed_mib"]
-    + ["cell_status", "tokens_per_s", "model_tflops", "mfu", "peak_allocated_mib"]
+    + ["cell_status", "tokens_per_s", "model_tflops", "mfu", "rel_ci95", "timed_steps",
+       "alloc_retries", "peak_allocated_mib"]
     + [f"{kind}_mib" for kind in BREAKDOWN]
     + ["gpu", "gpu_uuid", "git_commit", "search_gpu_uuid", "search_git_commit"]
 )  # fmt: skip
@@ -57,6 +58,11 @@ def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, 
         "tokens_per_s": cell.get("tokens_per_s") if ok else None,
         "model_tflops": cell.get("model_tflops") if ok else None,
         "mfu": cell.get("mfu") if ok else None,
+        # the interval of the mean step, and how often cudaMalloc failed and was retried (the
+        # cache flushed, a synchronizing slow path) in the timed steps
+        "rel_ci95": (cell.get("step_time_ms") or {}).get("rel_ci95") if ok else None,
+        "timed_steps": cell.get("timed_steps") if ok else None,
+        "alloc_retries": (cell.get("allocator_events") or {}).get("alloc_retries") if ok else None,
         "peak_allocated_mib": cell.get("peak_allocated_mib") if ok else None,
         **{f"{k}_mib": breakdown.get(f"{k}_mib") if ok else None for k in BREAKDOWN},
         # where it ran: the cell's GPU and commit, and the search's (a point runs on one GPU)
