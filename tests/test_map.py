@@ -163,7 +163,9 @@ def synthetic_map():
             }
             for t, v in tokens.items():
                 row = {"point": f"{model}_{n}", "model": model, "arch": arch, "params": params,
-                       "seq_len": n, "technique": t, "max_tokens": v}  # fmt: skip
+                       "seq_len": n, "technique": t, "max_tokens": v, "max_batch": v // n,
+                       "tokens_per_s": (v // n) * (1.5 if t == "window512" else 1.0) or None,
+                       "alloc_retries": 2 if model == "big" else 0}  # fmt: skip
                 share = {"weights": params * 2 / 2**20, "activations": v / 100}
                 rows.append(row | {f"{k}_mib": share.get(k, 1.0) for k in
                                    ("weights", "gradients", "optimizer_state", "activations", "logits")})  # fmt: skip
@@ -191,6 +193,11 @@ def test_where_each_technique_starts_to_pay_is_computed():
 
     found = json.loads(json.dumps(map_findings(table, "flash")))  # as the rule writes it
     assert set(found["techniques"]) == {"window512", "adamw8bit", "fp32"}
+    # at 1,024 tokens the window's batch is flash's: its speed there (1.5x), nowhere else
+    speed = {f["point"]: (f["ratio"], f["retried"]) for f in found["speed"]["window512"]}
+    assert speed == {"gpt2_1024": (1.5, False), "small_1024": (1.5, False), "big_1024": (1.5, True)}
+    assert {f["ratio"] for f in found["speed"]["adamw8bit"]} == {1.0}  # one same-batch point
+    assert found["speed"]["fp32"] == [] and found["speed_clear"] == 1.25
     assert found["techniques"]["window512"][0] == {
         **found["techniques"]["window512"][0],
         "from": 4096,

@@ -83,6 +83,23 @@ def _shares(rows: list[dict], technique: str) -> dict | None:
     return out or None
 
 
+def _speed(findings: dict) -> list[dict]:
+    """Per technique timed at the reference's batch somewhere: how many points, the range of its
+    tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio
+    at least findings["speed_clear"] from 1), each with its ratio."""
+    clear, out = findings.get("speed_clear"), []
+    for technique, found in (findings.get("speed") or {}).items():
+        if not found:
+            continue
+        ratios = [f["ratio"] for f in found]
+        out.append({
+            "technique": technique, "n": len(found), "min": min(ratios), "max": max(ratios),
+            "faster": [f for f in found if f["ratio"] >= clear],
+            "slower": [f for f in found if f["ratio"] <= 1 / clear],
+        })  # fmt: skip
+    return out
+
+
 def _where(rows: list[dict]) -> dict:
     """The GPUs by UUID (label, model, points), each point's jobs on one GPU or not, the commits."""
     gpus: dict = {}
@@ -157,6 +174,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             for t, f in findings["techniques"].items()
         ],
         "shares": _shares(rows, reference),
+        "speed": _speed(findings), "speed_clear": findings.get("speed_clear"),
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
         "where": _where(rows),

@@ -3,7 +3,8 @@ maximum batch in sequences and tokens, peak memory per token from the search's f
 timing cell at the maximum (tokens/s, model TFLOP/s, peak memory and its breakdown by kind);
 and the findings computed from it (results/map_findings.json): for each technique against the
 map's reference, where along each axis it starts to train at least PAYS times the reference's
-tokens per step and stays there at every larger value measured, or that it does not."""
+tokens per step and stays there at every larger value measured, or that it does not; and, where a
+technique's maximum is the reference's batch, its tokens/s against the reference's there."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import param_count
 
 PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
+# "faster" or "slower" at the reference's batch: a tokens/s ratio at least this far from 1. A cell
+# at the maximum can retry cudaMalloc, and a rerun of llama_128m_4096 on another H100 moved three
+# such cells by up to 19% with their retry counts (studies/h100-map-pieces/README.md), more than
+# any cell's own interval: a smaller difference between two cells is not told apart from that.
+SPEED_CLEAR = 1.25
 # The map's figures (memopt.report.map_figures draws each as .pdf and .png; the workflow and the
 # map paper name them from here).
 MAP_FIGURE_NAMES = ("map_tokens_by_size", "map_tokens_by_length", "map_memory_shares")
@@ -132,11 +138,32 @@ def aggregate_map(points: dict, models: dict, techniques: list, vocab: int, resu
     return table
 
 
+def same_batch_speed(table, technique: str, reference: str) -> list[dict]:
+    """Each point where `technique`'s maximum is `reference`'s batch and both cells were timed:
+    {point, batch, ratio (its tokens/s over the reference's), retried (either cell retried
+    cudaMalloc in its timed steps)}. Only there is the ratio the technique's knobs alone."""
+    out = []
+    for point, rows in table.groupby("point", sort=False):
+        by = {r["technique"]: r for r in rows.to_dict(orient="records")}
+        t, r = by.get(technique), by.get(reference)
+        if t is None or r is None or t["max_batch"] != r["max_batch"] or not t["max_batch"]:
+            continue
+        if not (t["tokens_per_s"] > 0 and r["tokens_per_s"] > 0):  # NaN: a cell not timed
+            continue
+        retried = any((c.get("alloc_retries") or 0) > 0 for c in (t, r))  # NaN > 0 is False
+        out.append({"point": point, "batch": int(t["max_batch"]),
+                    "ratio": float(t["tokens_per_s"] / r["tokens_per_s"]),
+                    "retried": bool(retried)})  # fmt: skip
+    return out
+
+
 def map_findings(table, reference: str) -> dict:
-    """{technique: starts_to_pay(...)} for every technique but the reference (JSON-able)."""
-    out = {}
+    """{technique: starts_to_pay(...)} for every technique but the reference, and its
+    same_batch_speed(...) (JSON-able)."""
+    out, speed = {}, {}
     for technique in dict.fromkeys(table["technique"]):
         if technique != reference:
+            speed[technique] = same_batch_speed(table, technique, reference)
             found = starts_to_pay(table, technique, reference)
             out[technique] = [
                 {**f, "at": _plain(f["at"]), "from": _plain(f["from"]),
@@ -144,7 +171,8 @@ def map_findings(table, reference: str) -> dict:
                  "ratios": {str(_plain(k)): (None if v == float("inf") else v) for k, v in f["ratios"].items()}}
                 for f in found
             ]  # fmt: skip
-    return {"reference": reference, "pays_at": PAYS, "techniques": out}
+    return {"reference": reference, "pays_at": PAYS, "techniques": out,
+            "speed_clear": SPEED_CLEAR, "speed": speed}  # fmt: skip
 
 
 def _plain(value):
