@@ -215,6 +215,19 @@ def test_map_figures_draw_every_technique_and_mark_none_fits():
     big = length.axes[2]
     crosses = [line for line in big.lines if line.get_marker() == "x" and len(line.get_xdata())]
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [16384]  # FP32 at 16,384
+    # the legend sits below the panels, over no axis; each technique has its own line style,
+    # so techniques with the same maxima (lines on each other) stay visible; the x ticks are
+    # the measured lengths
+    for fig in (size, length):
+        fig.draw_without_rendering()
+        (legend,) = fig.legends
+        box = legend.get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)
+        styles = {(ln.get_linestyle(), ln.get_marker()) for ln in fig.axes[0].lines
+                  if ln.get_marker() != "x"}  # fmt: skip
+        assert len(styles) == 4  # window512, flash, adamw8bit, fp32
+    assert [t.get_text() for t in big.get_xticklabels()] == ["1,024", "4,096", "16,384"]
+    assert [t.get_text() for t in size.axes[0].get_xticklabels()] == ["128M", "1.0B"]
     shares = memory_shares(table, "flash")
     heights = [p.get_height() for p in shares.axes[0].patches]
     assert len(heights) == 5 * 9 and all(0 <= h <= 1 for h in heights)

@@ -18,22 +18,43 @@ KINDS = ("weights", "gradients", "optimizer_state", "activations", "logits")
 
 
 def _panels(n: int, width: float = 3.4) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width * n, 3.2), layout="constrained")
+    fig = Figure(figsize=(max(width * n, 6.4), 3.6), layout="constrained")
     return fig, list(fig.subplots(1, n, sharey=True, squeeze=False)[0])
+
+
+# Lines of techniques that train the same maximum lie on each other: each technique gets its
+# own dash pattern and marker, so every one of them stays visible.
+STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _lines(ax, table, x: str, techniques, colors) -> None:
     """One line per technique over `x`; a point whose batch 1 does not fit as a cross below."""
     floor = max(1.0, table.loc[table["max_tokens"] > 0, "max_tokens"].min() / 2)
-    for t in techniques:
+    for i, t in enumerate(techniques):
         rows = table[table["technique"] == t].sort_values(x)
         fits = rows[rows["max_tokens"] > 0]
-        ax.plot(fits[x], fits["max_tokens"], marker="o", ms=3, lw=1.2, color=colors[t], label=t)
+        ax.plot(fits[x], fits["max_tokens"], marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.2,
+                ls=STYLES[i % len(STYLES)], color=colors[t], label=t, mfc="none")  # fmt: skip
         none = rows[rows["max_tokens"] == 0]
         ax.plot(none[x], [floor] * len(none), "x", color=colors[t], ms=6)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    values = sorted(table[x].unique())  # the measured values, labelled as such
+    ax.set_xticks(values, [_short(v) if x == "params" else f"{int(v):,}" for v in values])
+    ax.minorticks_off()
+    ax.tick_params(axis="x", labelsize=7)
     ax.grid(alpha=0.3, which="both")
+
+
+def _short(params: float) -> str:
+    return f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+
+
+def _legend_below(fig: Figure, ax) -> None:
+    """The techniques' legend under the panels, outside every axis (it hides no line)."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=7)
 
 
 def tokens_by_size(table) -> Figure:
@@ -50,7 +71,7 @@ def tokens_by_size(table) -> Figure:
         ax.set_title(f"{n:,} tokens", fontsize=9)
         ax.set_xlabel("parameters")
     axes[0].set_ylabel("max tokens per step (x: none fits)")
-    axes[-1].legend(fontsize=7, loc="best")
+    _legend_below(fig, axes[0])
     return fig
 
 
@@ -65,7 +86,7 @@ def tokens_by_length(table) -> Figure:
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("sequence length")
     axes[0].set_ylabel("max tokens per step (x: none fits)")
-    axes[-1].legend(fontsize=7, loc="best")
+    _legend_below(fig, axes[0])
     return fig
 
 
