@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,7 @@ TECHNIQUES = {"fp32": {"precision": "fp32", "attention": "math"},
               "window": {"precision": "bf16", "attention": "flex", "window": 16},
               "offload": {"precision": "bf16", "attention": "flash", "checkpointing": "full",
                           "loss": "chunked", "offload": "activations"}}  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
 UUIDS = {"gpt2_s": "GPU-aaaa", "llama_s": "GPU-aaaa", "llama_m": "GPU-bbbb"}
 
 
@@ -258,3 +260,24 @@ def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path)
     )
     assert "The searches and cells of `llama_s_32` ran on more than one GPU" in md
     assert "allocated peak" not in md  # these searches had no slack: none is said
+
+
+def test_map_report_prints_the_maxima_and_speeds_of_the_results(rendered):
+    """tools/map_report.py (docs/results.md's map tables) reads the same map.csv: each point's
+    maximum in thousand tokens with its multiple of the reference's, and its tokens/s."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "map_report.py"), str(rendered)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    tokens, speed = proc.stdout.split("\n\n")[1], proc.stdout.split("\n\n")[3]
+    table = pd.read_csv(rendered / "results/map.csv")
+    row = next(r for r in tokens.splitlines() if r.startswith("| `llama_m_32` |"))
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    flash = table[(table.point == "llama_m_32") & (table.technique == "flash")].max_tokens.item()
+    offload = table[
+        (table.point == "llama_m_32") & (table.technique == "offload")
+    ].max_tokens.item()
+    assert cells[1] == f"{flash / 1000:,.0f}k"
+    assert cells[3] == f"{offload / 1000:,.0f}k ({offload / flash:.2f}x) h"  # host-limited
+    row = next(r for r in tokens.splitlines() if r.startswith("| `llama_m_64` |"))
+    assert row.split("|")[2].strip() == "OOM"  # fp32 fits no batch there
+    row = next(r for r in speed.splitlines() if r.startswith("| `llama_m_32` |"))
+    assert [c.strip() for c in row.split("|")[2:-1]][3].endswith(" r")  # offload retried there
