@@ -168,7 +168,7 @@ def synthetic_map():
                        "alloc_retries": 2 if model == "big" else 0}  # fmt: skip
                 share = {"weights": params * 2 / 2**20, "activations": v / 100}
                 rows.append(row | {f"{k}_mib": share.get(k, 1.0) for k in
-                                   ("weights", "gradients", "optimizer_state", "activations", "logits")})  # fmt: skip
+                                   ("weights", "gradients", "optimizer_state", "activations", "logits", "logits_grad")})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -230,7 +230,7 @@ def test_map_figures_draw_every_technique_and_mark_none_fits():
     assert [t.get_text() for t in size.axes[0].get_xticklabels()] == ["128M", "1.0B"]
     shares = memory_shares(table, "flash")
     heights = [p.get_height() for p in shares.axes[0].patches]
-    assert len(heights) == 5 * 9 and all(0 <= h <= 1 for h in heights)
+    assert len(heights) == 6 * 9 and all(0 <= h <= 1 for h in heights)
 
 
 def test_gpu_study_save_keeps_only_whole_points(tmp_path):

@@ -3,7 +3,7 @@
 Figures: the maximum tokens per step against model size (one panel per length) and against
 length (one panel per model), one line per technique, out of memory at batch 1 drawn as a cross
 on the floor, never as a zero; and the share of memory by kind at each point (weights, gradients,
-optimizer state, activations, logits) of one technique at its maximum.
+optimizer state, activations, logits, the logits' gradient) of one technique at its maximum.
 
 The findings those figures show are computed in memopt.report.map_results (starts_to_pay).
 """
@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 
 from memopt.report.figures_style import technique_colors
 
-KINDS = ("weights", "gradients", "optimizer_state", "activations", "logits")
+KINDS = ("weights", "gradients", "optimizer_state", "activations", "logits", "logits_grad")
+LABELS = {"optimizer_state": "optimizer state", "logits_grad": "logits' gradient"}
 
 
 def _panels(n: int, width: float = 3.4) -> tuple[Figure, list]:
@@ -99,10 +100,10 @@ def memory_shares(table, technique: str) -> Figure:
     kinds = [rows[f"{k}_mib"].fillna(0) for k in KINDS]
     total = sum(kinds)
     bottom = [0.0] * len(rows)
-    palette = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+    palette = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
     for kind, values, color in zip(KINDS, kinds, palette):
         share = [v / s if s else 0.0 for v, s in zip(values, total)]
-        ax.bar(range(len(rows)), share, bottom=bottom, color=color, label=kind.replace("_", " "))
+        ax.bar(range(len(rows)), share, bottom=bottom, color=color, label=LABELS.get(kind, kind))
         bottom = [b + s for b, s in zip(bottom, share)]
     for i, s in enumerate(total):
         if not s:
@@ -110,7 +111,7 @@ def memory_shares(table, technique: str) -> Figure:
     ax.set_xticks(range(len(rows)), rows["point"], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel(f"share of memory ({technique} at its maximum)")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, ncols=len(KINDS), loc="upper center", bbox_to_anchor=(0.5, 1.15))
+    fig.legend(fontsize=7, ncols=len(KINDS), loc="outside upper center")
     return fig
 
 

@@ -48,12 +48,17 @@ def _models(config: dict, vocab: int) -> list[dict]:
 
 def _groups(found: list[dict], axis: str) -> list[dict]:
     """The findings of one technique along one axis, grouped by where it starts to pay:
-    [{from, ratio_min, ratio_max, at: [fixed values]}], the paying groups first, by `from`."""
+    [{from, everywhere (`from` is the first value measured: it pays wherever measured, where it
+    starts is not seen), ratio_min, ratio_max, at: [fixed values]}], the paying groups first, by
+    `from`. An axis with one value measured (one Llama-style size) has no findings."""
     groups: dict = {}
     for f in found:
-        if f["axis"] != axis:
+        measured = sorted(float(v) for v in f["ratios"])
+        if f["axis"] != axis or len(measured) < 2:
             continue
-        g = groups.setdefault(f["from"], {"from": f["from"], "at": [], "ratios": []})
+        first = f["from"] is not None and float(f["from"]) == measured[0]
+        g = groups.setdefault((f["from"], first), {"from": f["from"], "everywhere": first,
+                                                  "at": [], "ratios": []})  # fmt: skip
         g["at"].append(f["at"])
         if f["ratio"] is not None:  # None: the reference fits no batch there
             g["ratios"].append(f["ratio"])
@@ -62,6 +67,11 @@ def _groups(found: list[dict], axis: str) -> list[dict]:
         ratios = g.pop("ratios")
         g["ratio_min"], g["ratio_max"] = (min(ratios), max(ratios)) if ratios else (None, None)
     return out
+
+
+def _tied(values: list[tuple[float, str]], end: float) -> list[str]:
+    """Every point whose share prints as `end` does (whole percent): a tie is named whole."""
+    return [p for v, p in values if round(100 * v) == round(100 * end)]
 
 
 def _shares(rows: list[dict], technique: str) -> dict | None:
@@ -79,7 +89,14 @@ def _shares(rows: list[dict], technique: str) -> dict | None:
             values.append((part / sum(parts), r["point"]))
         if values:
             lo, hi = min(values), max(values)
-            out[kind] = {"min": lo[0], "min_at": lo[1], "max": hi[0], "max_at": hi[1]}
+            out[kind] = {"min": lo[0], "min_at": _tied(values, lo[0]),
+                         "max": hi[0], "max_at": _tied(values, hi[0])}  # fmt: skip
+    # the kinds' sum against the step's allocated peak (what the shares are shares of)
+    cover = [sum(r[f"{k}_mib"] for k in BREAKDOWN) / r["peak_allocated_mib"] for r in rows
+             if r["technique"] == technique and r.get("peak_allocated_mib")
+             and all(r.get(f"{k}_mib") is not None for k in BREAKDOWN)]  # fmt: skip
+    if out and cover:
+        out["cover"] = {"min": min(cover), "max": max(cover)}
     return out or None
 
 
@@ -98,6 +115,24 @@ def _speed(findings: dict) -> list[dict]:
             "slower": [f for f in found if f["ratio"] <= 1 / clear],
         })  # fmt: skip
     return out
+
+
+def _budget_spread(search_paths, searches: list[dict], rows: list[dict], reference: str):
+    """The widest spread of the searches' budgets at one point, in the reference's sequences
+    there (its fit's memory per sequence): {n, point}, or None. A search's budget is what the GPU
+    had free when it began, so two searches at one point can differ by this much for no reason
+    of their techniques."""
+    budgets: dict = {}
+    for path, s in zip(search_paths, searches):
+        if s.get("budget_mib"):
+            budgets.setdefault(Path(path).parts[-3], []).append(s["budget_mib"])
+    per_seq = {r["point"]: r["per_token_mib"] * r["seq_len"] for r in rows
+               if r["technique"] == reference and r["per_token_mib"]}  # fmt: skip
+    spreads = [((max(b) - min(b)) / per_seq[p], p) for p, b in budgets.items() if p in per_seq]
+    if not spreads:
+        return None
+    n, point = max(spreads)
+    return {"n": n, "point": point} if n > 0 else None
 
 
 def _where(rows: list[dict]) -> dict:
@@ -140,6 +175,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         ref = next(r for r in at if r["technique"] == reference)
         best.append({"point": p, "techniques": [r["technique"] for r in tied], "tokens": top,
                      "bound": any(r["limit"] in ("data", "cap") for r in tied),  # a lower bound
+                     "host": any(r["limit"] == "host" for r in tied),  # the host's, not the GPU's
                      "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None})  # fmt: skip
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
@@ -160,6 +196,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             "headroom_mib": config["search"]["headroom_mib"],
             "budgets_mib": sorted({s["budget_mib"] for s in searches if s.get("budget_mib")}),
             "slack_mib": max((s.get("allocator_slack_mib") or 0 for s in searches), default=0),
+            "budget_sequences": _budget_spread(search_paths, searches, rows, reference),
         },
         "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
         # cells whose timed steps retried cudaMalloc: their tokens/s include that slow path
@@ -247,15 +284,17 @@ def map_tables(ctx: dict) -> dict[str, Table]:
             "batch 1 does not fit; h: the host's pinned memory, not the GPU's, stopped the batch; "
             "d: the training data did.", 2, "tokens",
             [f"Every other maximum is the GPU's: batch B trained within the budget of {budget} MiB "
-             f"({num(ctx['searches']['headroom_mib'])} MiB below the card's memory){peak} and B + 1 "
+             f"(what the GPU had free when the search began, less {num(ctx['searches']['headroom_mib'])} MiB)"
+             f"{peak} and B + 1 "
              "did not."],
         ),
         "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: thousand tokens/s, "
-                           "model FLOPs utilization in brackets; r: cudaMalloc failed and was "
+                           "model FLOPs utilization (of the GPU's dense BF16 peak, also for FP32) in brackets; "
+                           "r: cudaMalloc failed and was "
                            "retried in the timed steps (Limitations).", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
                                "linear fit of peak memory against batch, over the length; -: fewer than two batches "
-                               "fit, so no slope.", 4, "per-token"),
+                               "fit, so no slope; OOM: batch 1 does not fit.", 4, "per-token"),
     }  # fmt: skip
 
 

@@ -17,13 +17,16 @@ from memopt.runtime.flops import param_count
 PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
 # "faster" or "slower" at the reference's batch: a tokens/s ratio at least this far from 1. A cell
 # at the maximum can retry cudaMalloc, and a rerun of llama_128m_4096 on another H100 moved three
-# such cells by up to 19% with their retry counts (studies/h100-map-pieces/README.md), more than
-# any cell's own interval: a smaller difference between two cells is not told apart from that.
+# such cells by up to 19% with their retry counts, and repeats on one H100 moved one by 14%
+# (studies/h100-map-pieces/README.md), more than any cell's own interval: a smaller difference
+# between two cells is not told apart from that.
 SPEED_CLEAR = 1.25
 # The map's figures (memopt.report.map_figures draws each as .pdf and .png; the workflow and the
 # map paper name them from here).
 MAP_FIGURE_NAMES = ("map_tokens_by_size", "map_tokens_by_length", "map_memory_shares")
-BREAKDOWN = ("weights", "gradients", "optimizer_state", "activations", "logits")
+# the step's memory by kind (memopt.runtime.measure's breakdown): for an eager BF16 step they sum
+# to its allocated peak within about 1%, the logits' gradient being the backward's transient
+BREAKDOWN = ("weights", "gradients", "optimizer_state", "activations", "logits", "logits_grad")
 MAP_COLUMNS = (
     ["point", "model", "arch", "params", "seq_len", "technique", "search_status", "limit",
      "max_batch", "max_tokens", "trials", "search_s", "per_token_mib", "fixed_mib"]
