@@ -67,7 +67,7 @@ def write_results(root: Path, variant: bool = False) -> dict:
             error = "offload: activations: would pin more" if host else "CUDA out of memory"
             search = {"technique": t, "status": "ok" if b else "none_fits", "max_batch": b,
                       "first_failing_batch": b + 1, "seconds": 10.0 + b, "budget_mib": 79528,
-                      "fit": {"fixed_mib": 500.0, "per_sample_mib": 2.0 * n}
+                      "fit": {"fixed_mib": 450.0 if t == "window" else 500.0, "per_sample_mib": 2.0 * n}
                              if b and (point, t) != ("gpt2_s_64", "fp32") else None,  # one fit only
                       "trials": [{"batch": 1, "fits": bool(b), "error": None if b else error},
                                  *([{"batch": b, "fits": True}, {"batch": b + 1, "fits": False, "error": error}] if b else [])],
@@ -194,6 +194,22 @@ def test_speed_at_the_reference_batch_is_found_and_said(rendered):
            "`llama_m_32` (a 16-token window: another function)." in conclusion  # fmt: skip
 
 
+def test_a_technique_that_saves_fixed_memory_is_weighed_in_sequences(rendered):
+    """The window's fit starts 50 MiB below flash's with the same slope (2 n MiB a sequence):
+    50 MiB is 0.39 (64 tokens) to 0.78 (32 tokens) of flash's sequences, against 10% of flash's
+    batch that paying takes; its optimizer state is flash's, so the saving is not said to be it."""
+    md = (rendered / "paper/paper.md").read_text()
+    findings = md.split("## 4 Findings")[1].split("## 5")[0]
+    table = pd.read_csv(rendered / "results/map.csv")
+    flash = table[table.technique == "flash"].max_batch
+    needs = f"{0.1 * flash.min():.1f}–{0.1 * flash.max():.1f}"
+    assert ("**`window` saves memory once per step, not per token.** Its memory per token is "
+            "`flash`'s (the fits' slopes within 1%) at all 6 points, and its fit starts 50 MiB "
+            f"lower: 0.39–0.78 of `flash`'s sequences, where training 1.10× `flash`'s batch takes {needs} more."
+            ) in findings  # fmt: skip
+    assert "**`offload` saves memory once" not in findings  # the same fit as flash: no saving
+
+
 def test_findings_and_abstract_say_what_the_results_compute(rendered):
     md = (rendered / "paper/paper.md").read_text()
     found = json.loads((rendered / "results/map_findings.json").read_text())
@@ -204,7 +220,9 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
            "`llama_s` and `llama_m`." in findings  # fmt: skip
     assert "**`fp32`.**" not in findings  # it pays nowhere: one sentence for all such
     # offload pays at the first length measured: where it starts is not seen, and not claimed
-    assert "**`offload`.** Along the length: at every length measured (4.00× at 32 tokens)" in findings
+    assert (
+        "**`offload`.** Along the length: at every length measured (4.00× at 32 tokens)" in findings
+    )
     assert "from 32 tokens" not in md
     assert "**Nowhere.** `fp32` trains at least 1.10× `flash`'s tokens per step at no length" \
            " and no size measured." in findings  # fmt: skip

@@ -100,6 +100,42 @@ def _shares(rows: list[dict], technique: str) -> dict | None:
     return out or None
 
 
+def _fixed(rows: list[dict], reference: str, pays: float) -> list[dict]:
+    """Techniques that change only the memory a step holds whatever its batch: the same memory
+    per token as the reference (its fit's slope within 1%) at every point where both fit, a fit
+    that starts lower. Per technique: the saving in MiB and in the reference's sequences, what
+    paying (pays x the reference's batch) would need in sequences, and whether the optimizer
+    state's measured difference is the saving (within 5% at every point)."""
+    out = {}
+    for point in dict.fromkeys(r["point"] for r in rows):
+        ref = next(r for r in rows if r["point"] == point and r["technique"] == reference)
+        if not (ref["per_token_mib"] and ref["fixed_mib"] is not None):
+            continue
+        seq = ref["per_token_mib"] * ref["seq_len"]
+        for r in rows:
+            if r["point"] != point or r["technique"] == reference or not r["per_token_mib"]:
+                continue
+            same = abs(r["per_token_mib"] / ref["per_token_mib"] - 1) <= 0.01
+            saved = ref["fixed_mib"] - r["fixed_mib"]
+            e = out.setdefault(r["technique"], {"technique": r["technique"], "points": [],
+                                                "same": True})  # fmt: skip
+            e["same"] &= same
+            state = (ref.get("optimizer_state_mib") or 0) - (r.get("optimizer_state_mib") or 0)
+            e["points"].append({"point": point, "mib": saved, "sequences": saved / seq,
+                                "needs": (pays - 1) * ref["max_batch"],
+                                "state": abs(state - saved) <= 0.05 * abs(saved)})  # fmt: skip
+    found = []
+    for e in out.values():
+        if not e["same"] or not all(p["mib"] > 1 for p in e["points"]):
+            continue
+        pts = e["points"]
+        found.append({"technique": e["technique"], "n": len(pts),
+                      **{f"{k}_{f.__name__}": f(p[k] for p in pts) for k in ("mib", "sequences", "needs")
+                         for f in (min, max)},
+                      "state": all(p["state"] for p in pts)})  # fmt: skip
+    return found
+
+
 def _speed(findings: dict) -> list[dict]:
     """Per technique timed at the reference's batch somewhere: how many points, the range of its
     tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio
@@ -212,6 +248,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         ],
         "shares": _shares(rows, reference),
         "speed": _speed(findings), "speed_clear": findings.get("speed_clear"),
+        "fixed": _fixed(rows, reference, findings["pays_at"]),
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
         "where": _where(rows),
