@@ -11,7 +11,15 @@ from pathlib import Path
 
 from memopt.map_points import map_points, map_reference, point_models
 from memopt.report import tables
-from memopt.report.map_results import BREAKDOWN, MAP_FIGURE_NAMES
+from memopt.report.map_analysis import (
+    budget_spread,
+    fixed_savings,
+    pay_groups,
+    share_ranges,
+    speed_summary,
+    where_run,
+)
+from memopt.report.map_results import MAP_FIGURE_NAMES
 from memopt.report.paper import PROVENANCE_KEYS, _clean, _render, figure_paths
 from memopt.report.paper_format import config_yaml, make_environment, num, pct
 from memopt.report.paper_prose import render_prose
@@ -44,154 +52,6 @@ def _models(config: dict, vocab: int) -> list[dict]:
         out.setdefault(name, {**model, "name": name, "params": param_count(model, vocab)})
         out[name]["n_kv_heads"] = out[name].get("n_kv_heads") or out[name]["n_heads"]
     return list(out.values())
-
-
-def _groups(found: list[dict], axis: str) -> list[dict]:
-    """The findings of one technique along one axis, grouped by where it starts to pay:
-    [{from, everywhere (`from` is the first value measured: it pays wherever measured, where it
-    starts is not seen), ratio_min, ratio_max, at: [fixed values]}], the paying groups first, by
-    `from`. An axis with one value measured (one Llama-style size) has no findings."""
-    groups: dict = {}
-    for f in found:
-        measured = sorted(float(v) for v in f["ratios"])
-        if f["axis"] != axis or len(measured) < 2:
-            continue
-        first = f["from"] is not None and float(f["from"]) == measured[0]
-        g = groups.setdefault((f["from"], first), {"from": f["from"], "everywhere": first,
-                                                  "at": [], "ratios": []})  # fmt: skip
-        g["at"].append(f["at"])
-        if f["ratio"] is not None:  # None: the reference fits no batch there
-            g["ratios"].append(f["ratio"])
-    out = sorted(groups.values(), key=lambda g: (g["from"] is None, g["from"] or 0))
-    for g in out:
-        ratios = g.pop("ratios")
-        g["ratio_min"], g["ratio_max"] = (min(ratios), max(ratios)) if ratios else (None, None)
-    return out
-
-
-def _tied(values: list[tuple[float, str]], end: float) -> list[str]:
-    """Every point whose share prints as `end` does (whole percent): a tie is named whole."""
-    return [p for v, p in values if round(100 * v) == round(100 * end)]
-
-
-def _shares(rows: list[dict], technique: str) -> dict | None:
-    """The share of each kind of memory (and of the three fixed kinds together, "fixed") in
-    `technique`'s timed step at its maximum, with the points where it is smallest and largest."""
-    out = {}
-    fixed = ("weights", "gradients", "optimizer_state")
-    for kind in (*BREAKDOWN, "fixed"):
-        values = []
-        for r in rows:
-            parts = [r.get(f"{k}_mib") for k in BREAKDOWN]
-            if r["technique"] != technique or any(p is None for p in parts) or not sum(parts):
-                continue
-            part = sum(r[f"{k}_mib"] for k in fixed) if kind == "fixed" else r[f"{kind}_mib"]
-            values.append((part / sum(parts), r["point"]))
-        if values:
-            lo, hi = min(values), max(values)
-            out[kind] = {"min": lo[0], "min_at": _tied(values, lo[0]),
-                         "max": hi[0], "max_at": _tied(values, hi[0])}  # fmt: skip
-    # the kinds' sum against the step's allocated peak (what the shares are shares of)
-    cover = [sum(r[f"{k}_mib"] for k in BREAKDOWN) / r["peak_allocated_mib"] for r in rows
-             if r["technique"] == technique and r.get("peak_allocated_mib")
-             and all(r.get(f"{k}_mib") is not None for k in BREAKDOWN)]  # fmt: skip
-    if out and cover:
-        out["cover"] = {"min": min(cover), "max": max(cover)}
-    return out or None
-
-
-def _fixed(rows: list[dict], reference: str, pays: float) -> list[dict]:
-    """Techniques that change only the memory a step holds whatever its batch: the same memory
-    per token as the reference (its fit's slope within 1%) at every point where both fit, a fit
-    that starts lower. Per technique: the saving in MiB and in the reference's sequences, what
-    paying (pays x the reference's batch) would need in sequences, and whether the optimizer
-    state's measured difference is the saving (within 5% at every point)."""
-    out = {}
-    for point in dict.fromkeys(r["point"] for r in rows):
-        ref = next(r for r in rows if r["point"] == point and r["technique"] == reference)
-        if not (ref["per_token_mib"] and ref["fixed_mib"] is not None):
-            continue
-        seq = ref["per_token_mib"] * ref["seq_len"]
-        for r in rows:
-            if r["point"] != point or r["technique"] == reference or not r["per_token_mib"]:
-                continue
-            same = abs(r["per_token_mib"] / ref["per_token_mib"] - 1) <= 0.01
-            saved = ref["fixed_mib"] - r["fixed_mib"]
-            e = out.setdefault(r["technique"], {"technique": r["technique"], "points": [],
-                                                "same": True})  # fmt: skip
-            e["same"] &= same
-            state = (ref.get("optimizer_state_mib") or 0) - (r.get("optimizer_state_mib") or 0)
-            e["points"].append({"point": point, "mib": saved, "sequences": saved / seq,
-                                "needs": (pays - 1) * ref["max_batch"],
-                                "state": abs(state - saved) <= 0.05 * abs(saved)})  # fmt: skip
-    found = []
-    for e in out.values():
-        if not e["same"] or not all(p["mib"] > 1 for p in e["points"]):
-            continue
-        pts = e["points"]
-        found.append({"technique": e["technique"], "n": len(pts),
-                      **{f"{k}_{f.__name__}": f(p[k] for p in pts) for k in ("mib", "sequences", "needs")
-                         for f in (min, max)},
-                      "state": all(p["state"] for p in pts)})  # fmt: skip
-    return found
-
-
-def _speed(findings: dict) -> list[dict]:
-    """Per technique timed at the reference's batch somewhere: how many points, the range of its
-    tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio
-    at least findings["speed_clear"] from 1), each with its ratio."""
-    clear, out = findings.get("speed_clear"), []
-    for technique, found in (findings.get("speed") or {}).items():
-        if not found:
-            continue
-        ratios = [f["ratio"] for f in found]
-        out.append({
-            "technique": technique, "n": len(found), "min": min(ratios), "max": max(ratios),
-            "faster": [f for f in found if f["ratio"] >= clear],
-            "slower": [f for f in found if f["ratio"] <= 1 / clear],
-        })  # fmt: skip
-    return out
-
-
-def _budget_spread(search_paths, searches: list[dict], rows: list[dict], reference: str):
-    """The widest spread of the searches' budgets at one point, in the reference's sequences
-    there (its fit's memory per sequence): {n, point}, or None. A search's budget is what the GPU
-    had free when it began, so two searches at one point can differ by this much for no reason
-    of their techniques."""
-    budgets: dict = {}
-    for path, s in zip(search_paths, searches):
-        if s.get("budget_mib"):
-            budgets.setdefault(Path(path).parts[-3], []).append(s["budget_mib"])
-    per_seq = {r["point"]: r["per_token_mib"] * r["seq_len"] for r in rows
-               if r["technique"] == reference and r["per_token_mib"]}  # fmt: skip
-    spreads = [((max(b) - min(b)) / per_seq[p], p) for p, b in budgets.items() if p in per_seq]
-    if not spreads:
-        return None
-    n, point = max(spreads)
-    return {"n": n, "point": point} if n > 0 else None
-
-
-def _where(rows: list[dict]) -> dict:
-    """The GPUs by UUID (label, model, points), each point's jobs on one GPU or not, the commits."""
-    gpus: dict = {}
-    split = []
-    for point in dict.fromkeys(r["point"] for r in rows):
-        ids = {
-            u for r in rows if r["point"] == point for u in (r["gpu_uuid"], r["search_gpu_uuid"])
-        }
-        if len(ids) > 1:
-            split.append(point)
-        for r in (r for r in rows if r["point"] == point):
-            g = gpus.setdefault(
-                r["gpu_uuid"], {"uuid": r["gpu_uuid"], "model": r["gpu"], "points": []}
-            )
-            if point not in g["points"]:
-                g["points"].append(point)
-    for i, g in enumerate(gpus.values(), 1):
-        g["label"] = f"GPU {i}"
-    commits = sorted({c for r in rows for c in (r["git_commit"], r["search_git_commit"]) if c})
-    models = sorted({g["model"] for g in gpus.values() if g["model"]})
-    return {"gpus": list(gpus.values()), "split": split, "commits": commits, "models": models}
 
 
 def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, config) -> dict:
@@ -232,7 +92,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             "headroom_mib": config["search"]["headroom_mib"],
             "budgets_mib": sorted({s["budget_mib"] for s in searches if s.get("budget_mib")}),
             "slack_mib": max((s.get("allocator_slack_mib") or 0 for s in searches), default=0),
-            "budget_sequences": _budget_spread(search_paths, searches, rows, reference),
+            "budget_sequences": budget_spread(search_paths, searches, rows, reference),
         },
         "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
         # cells whose timed steps retried cudaMalloc: their tokens/s include that slow path
@@ -243,15 +103,15 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
         "reference_precision": config["techniques"][reference]["precision"].upper(),
         "findings": [
-            {"technique": t, "length": _groups(f, "length"), "size": _groups(f, "size")}
+            {"technique": t, "length": pay_groups(f, "length"), "size": pay_groups(f, "size")}
             for t, f in findings["techniques"].items()
         ],
-        "shares": _shares(rows, reference),
-        "speed": _speed(findings), "speed_clear": findings.get("speed_clear"),
-        "fixed": _fixed(rows, reference, findings["pays_at"]),
+        "shares": share_ranges(rows, reference),
+        "speed": speed_summary(findings), "speed_clear": findings.get("speed_clear"),
+        "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
-        "where": _where(rows),
+        "where": where_run(rows),
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
     }  # fmt: skip
