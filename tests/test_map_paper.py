@@ -27,7 +27,12 @@ TECHNIQUES = {"fp32": {"precision": "fp32", "attention": "math"},
               "offload": {"precision": "bf16", "attention": "flash", "checkpointing": "full",
                           "loss": "chunked", "offload": "activations"}}  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
-UUIDS = {"gpt2_s": "GPU-aaaa", "llama_s": "GPU-aaaa", "llama_m": "GPU-bbbb"}
+UUIDS = {
+    "gpt2_s": "GPU-7d37c720-807c-850e-7761-a7095da6d0b3",  # full UUIDs: the lines they
+    "llama_s": "GPU-7d37c720-807c-850e-7761-a7095da6d0b3",  # are on must fit the page
+    "llama_m": "GPU-b570dff2-5889-40ea-9fe1-720f171b39e0",
+}
+THIRD = "GPU-88689c40-36de-9507-0064-16a552afaebf"
 
 
 def config() -> dict:
@@ -61,7 +66,8 @@ def write_results(root: Path, variant: bool = False) -> dict:
         name, n = point.rsplit("_", 1)
         n = int(n)
         for t, b in batches(name, n, variant).items():
-            p = {**prov, "gpu_uuid": UUIDS[name]}
+            # llama_m_64 alone on a third GPU: a one-point line, the longest unbroken one
+            p = {**prov, "gpu_uuid": THIRD if point == "llama_m_64" else UUIDS[name]}
             split = variant and point == "llama_s_32" and t == "flash"  # its search on another GPU
             host = t == "offload" and name == "llama_m"
             error = "offload: activations: would pin more" if host else "CUDA out of memory"
@@ -236,10 +242,14 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     assert "23 of 24 searches proved a maximum, 1 found that batch 1 does not fit" in abstract
     where = md.split("## Reproducibility")[1]
     assert (
-        "GPU 1: NVIDIA H100 80GB HBM3, UUID `GPU-aaaa`: `gpt2_s_32`, `gpt2_s_64`, `llama_s_32`"
+        "GPU 1: NVIDIA H100 80GB HBM3, UUID `GPU-7d37c720-807c-850e-7761-a7095da6d0b3`: `gpt2_s_32`, `gpt2_s_64`, `llama_s_32`"
         in where
     )
-    assert "GPU 2: NVIDIA H100 80GB HBM3, UUID `GPU-bbbb`: `llama_m_32`, `llama_m_64`." in where
+    assert (
+        "GPU 2: NVIDIA H100 80GB HBM3, UUID `GPU-b570dff2-5889-40ea-9fe1-720f171b39e0`: `llama_m_32`."
+        in where
+    )
+    assert f"GPU 3: NVIDIA H100 80GB HBM3, UUID `{THIRD}`: `llama_m_64`." in where
 
 
 def test_markdown_and_latex_print_the_same_numbers(rendered):
@@ -266,6 +276,8 @@ def test_the_latex_compiles(rendered, tmp_path):
                        capture_output=True, timeout=300)  # fmt: skip
     log = (build / "paper.log").read_text(errors="replace")
     assert re.findall(r"^!.*", log, re.M) == [] and (build / "paper.pdf").exists()
+    over = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert over == [] or max(over) <= 12, over  # no line runs off the page
 
 
 def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path):
