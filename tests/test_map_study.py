@@ -1,0 +1,84 @@
+"""The published map study (issue 34), once studies/ holds it: from one commit, each point's
+searches and cells on one GPU of one model, every point and technique measured, every search
+proven in at most 8 trials or out of memory at batch 1, its paper what this code renders from its
+results, and docs/results.md's map tables what tools/map_report.py prints from them.
+
+MAP_STUDY may name another folder (a draft published elsewhere) to run these checks on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from memopt.config import load_config_file
+from memopt.map_points import map_points
+from memopt.run.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = Path(os.environ.get("MAP_STUDY") or ROOT / "studies" / "h100-map")
+GPU = "NVIDIA H100 80GB HBM3"
+pytestmark = pytest.mark.skipif(
+    not (STUDY / "results" / "map.csv").exists(), reason=f"{STUDY} is not published yet"
+)
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    return pd.read_csv(STUDY / "results" / "map.csv")
+
+
+def test_one_commit_and_each_point_on_one_gpu(table):
+    commits = set(table["git_commit"]) | set(table["search_git_commit"])
+    assert len(commits) == 1, commits
+    assert set(table["gpu"].dropna()) == {GPU}
+    for point, rows in table.groupby("point"):
+        uuids = set(rows["gpu_uuid"].dropna()) | set(rows["search_gpu_uuid"].dropna())
+        assert len(uuids) == 1, (point, uuids)
+
+
+def test_every_point_and_technique_is_measured_and_every_search_proven(table):
+    config = load_config_file(STUDY / "config.yaml")
+    assert set(table["point"]) == set(map_points(config))
+    assert len(table) == len(map_points(config)) * len(config["techniques"])
+    for r in table.itertuples():
+        search = json.loads(
+            (STUDY / f"results/map/{r.point}/search/{r.technique}.json").read_text()
+        )
+        if r.search_status == "none_fits":  # out of memory at batch 1: a result
+            assert [t["batch"] for t in search["trials"]] == [1] and not search["trials"][0]["fits"]
+            assert r.cell_status != "ok"
+            continue
+        assert r.search_status == "ok" and r.trials <= 8, (r.point, r.technique, r.trials)
+        batches = {t["batch"]: t["fits"] for t in search["trials"]}
+        assert batches[r.max_batch] and not batches[r.max_batch + 1]  # proven: B fits, B + 1 not
+        assert r.cell_status == "ok" and r.tokens_per_s > 0
+
+
+@pytest.mark.slow
+def test_the_paper_is_what_this_code_renders(tmp_path):
+    copy = tmp_path / "study"
+    shutil.copytree(STUDY, copy, ignore=shutil.ignore_patterns("paper"))
+    args = ["paper", "--config", copy / "config.yaml", "--results", copy / "results"]
+    main([*map(str, args), "--data", str(copy / "data"), "--out", str(copy / "paper")])
+    for name in ("paper.md", "paper.tex"):
+        assert (copy / "paper" / name).read_bytes() == (STUDY / "paper" / name).read_bytes(), name
+
+
+def test_results_md_map_tables_are_map_report():
+    """docs/results.md: `<!-- map: ... python tools/map_report.py STUDY -->` then the tool's
+    output, here printed again from the study."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    found = re.search(r"<!-- map: [^`]*`python tools/map_report.py ([^`]+)` -->\n(.+?)\n<!-- /map -->",
+                      text, re.S)  # fmt: skip
+    assert found and (ROOT / found.group(1)).resolve() == STUDY.resolve()
+    out = subprocess.run([sys.executable, "tools/map_report.py", str(STUDY)], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert found.group(2).strip() == out.strip()
