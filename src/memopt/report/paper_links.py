@@ -44,6 +44,9 @@ def _map(root: Path, templates: Path, render) -> dict:
     ctx = map_context(pd.read_csv(root / "results/map.csv"),
                       read_json(root / "results/map_findings.json"), searches,
                       root / "data/corpus/stats.json", root / "data/tokens/meta.json", config)  # fmt: skip
+    # in another paper: no protocol sentence, and no memory shares or throughput (their figure
+    # and tables stay in the map's own paper)
+    ctx["linked"] = True
     env = make_environment(templates, False)
     env.filters.update(span=span, listed=listed)
     prose = render_prose(env, ctx, render, ("abstract", "findings"), "map", None)
