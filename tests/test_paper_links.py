@@ -50,6 +50,9 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     map_md = (linked / "map/paper/paper.md").read_text()
     findings = map_md.split("## 4 Findings")[1].split("## 5 Limitations")[0].strip()
     assert findings.splitlines()[0] in md  # the map's own findings, from its results
+    section = md.split("## 4 Results across the map")[1].split("## 5 ")[0]
+    for own in ("**What fills the memory.**", "**Throughput.**", "a search proves the largest"):
+        assert own in map_md and own not in section  # the map's paper keeps them, linked: not
     for name in ("map_tokens_by_length", "map_tokens_by_size"):
         assert f"](../{linked.name}/map/paper/figures/{name}.png)" in md.replace(
             str(linked.parent), "..")  # fmt: skip

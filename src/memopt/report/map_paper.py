@@ -109,6 +109,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "shares": share_ranges(rows, reference),
         "speed": speed_summary(findings), "speed_clear": findings.get("speed_clear"),
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
+        "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
         "where": where_run(rows),
