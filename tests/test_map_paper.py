@@ -72,7 +72,7 @@ def write_results(root: Path, variant: bool = False) -> dict:
             host = t == "offload" and name == "llama_m"
             error = "offload: activations: would pin more" if host else "CUDA out of memory"
             search = {"technique": t, "status": "ok" if b else "none_fits", "max_batch": b,
-                      "first_failing_batch": b + 1, "seconds": 10.0 + b, "budget_mib": 79528,
+                      "first_failing_batch": b + 1, "seconds": 10.0 + b, "budget_mib": 79428 if (point, t) == ("gpt2_s_32", "window") else 79528,
                       "fit": {"fixed_mib": 450.0 if t == "window" else 500.0, "per_sample_mib": 2.0 * n}
                              if b and (point, t) != ("gpt2_s_64", "fp32") else None,  # one fit only
                       "trials": [{"batch": 1, "fits": bool(b), "error": None if b else error},
@@ -80,7 +80,9 @@ def write_results(root: Path, variant: bool = False) -> dict:
                       "provenance": {**p, "gpu_uuid": "GPU-cccc"} if split else p,
                       # the variant: searches from before the allocator's slack
                       "allocator_slack_mib": None if variant else 256.0}  # fmt: skip
-            retries = {"window": 3 if n == 64 else 0, "offload": 12 if host else 0}.get(t, 0)
+            # the most retries (the window at 64 tokens, 20 in 12 steps) are not the most a step
+            # (offload at llama_m_32, 19 in 11)
+            retries = {"window": 20 if n == 64 else 0, "offload": 19 if host else 0}.get(t, 0)
             # at 32 tokens the window's batch is flash's: 1.3x its speed on Llama, 0.7x on GPT-2
             speed = (
                 {"llama": 1.3, "gpt2": 0.7}[name[:5].rstrip("_")]
@@ -178,7 +180,10 @@ def test_cells_that_retried_cudamalloc_are_marked_and_counted(rendered):
     assert len(marked) == 5  # the window at 64 tokens (3), offload on llama_m (2)
     limits = md.split("## 5 Limitations")[1].split("## 6")[0]
     assert "In 5 of 23 cells (r in Table 3) cudaMalloc failed" in limits
-    assert "at most 12 times in 11 timed steps, `offload` at `llama_m_32`" in limits
+    assert "(most often `offload` at `llama_m_32`: 19 retries in 11 timed steps)" in limits
+    # one point's searches had budgets 100 MiB apart: 1.6 of flash's 64-MiB sequences there
+    assert "79,428 to 79,528 MiB here; the budgets of one point's searches differ by up to 100 " \
+           "MiB, at `gpt2_s_32`, 1.6 of `flash`'s sequences there" in limits  # fmt: skip
 
 
 def test_speed_at_the_reference_batch_is_found_and_said(rendered):
@@ -209,10 +214,12 @@ def test_a_technique_that_saves_fixed_memory_is_weighed_in_sequences(rendered):
     table = pd.read_csv(rendered / "results/map.csv")
     flash = table[table.technique == "flash"].max_batch
     needs = f"{0.1 * flash.min():.1f}–{0.1 * flash.max():.1f}"
+    fl = table[table.technique == "flash"]
+    share = max(50 / (2 * n) / (0.1 * b) for n, b in zip(fl.seq_len, fl.max_batch, strict=True))
     assert ("**`window` saves memory once per step, not per token.** Its memory per token is "
             "`flash`'s (the fits' slopes within 1%) at all 6 points, and its fit starts 50 MiB "
-            f"lower: 0.39–0.78 of `flash`'s sequences, where training 1.10× `flash`'s batch takes {needs} more."
-            ) in findings  # fmt: skip
+            f"lower: 0.39–0.78 of `flash`'s sequences, at most {100 * share:.0f}% (at one point) "
+            f"of the {needs} more that training 1.10× `flash`'s batch takes.") in findings  # fmt: skip
     assert "**`offload` saves memory once" not in findings  # the same fit as flash: no saving
 
 

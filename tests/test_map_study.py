@@ -39,8 +39,13 @@ def test_one_commit_and_each_point_on_one_gpu(table):
     commits = set(table["git_commit"]) | set(table["search_git_commit"])
     assert len(commits) == 1, commits
     assert set(table["gpu"].dropna()) == {GPU}
+    assert table["search_gpu_uuid"].notna().all()  # every search says where it ran
+    timed = table[table["cell_status"] == "ok"]
+    assert timed["gpu_uuid"].notna().all()
     for point, rows in table.groupby("point"):
-        uuids = set(rows["gpu_uuid"].dropna()) | set(rows["search_gpu_uuid"].dropna())
+        uuids = set(rows["search_gpu_uuid"]) | set(
+            rows.loc[rows["cell_status"] == "ok", "gpu_uuid"]
+        )
         assert len(uuids) == 1, (point, uuids)
 
 
@@ -52,8 +57,9 @@ def test_every_point_and_technique_is_measured_and_every_search_proven(table):
         search = json.loads(
             (STUDY / f"results/map/{r.point}/search/{r.technique}.json").read_text()
         )
-        if r.search_status == "none_fits":  # out of memory at batch 1: a result
-            assert [t["batch"] for t in search["trials"]] == [1] and not search["trials"][0]["fits"]
+        if r.search_status == "none_fits":  # out of memory at batch 1 (compile starts at 2)
+            assert not any(t["fits"] for t in search["trials"]) and r.trials <= 2
+            assert 1 in {t["batch"] for t in search["trials"]}
             assert r.cell_status != "ok"
             continue
         assert r.search_status == "ok" and r.trials <= 8, (r.point, r.technique, r.trials)

@@ -14,21 +14,23 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from memopt.report.map_results import LIMIT_MARKS, retried  # noqa: E402
+
 
 def _tokens(row, ref) -> str:
     if row.search_status == "none_fits":
         return "OOM"
-    host = " h" if row.limit == "host" else ""
+    mark = f" {LIMIT_MARKS[row.limit]}" if row.limit in LIMIT_MARKS else ""
     if row.technique == ref.technique or not ref.max_tokens:
-        return f"{row.max_tokens / 1000:,.0f}k{host}"
-    return f"{row.max_tokens / 1000:,.0f}k ({row.max_tokens / ref.max_tokens:.2f}x){host}"
+        return f"{row.max_tokens / 1000:,.0f}k{mark}"
+    return f"{row.max_tokens / 1000:,.0f}k ({row.max_tokens / ref.max_tokens:.2f}x){mark}"
 
 
 def _speed(row) -> str:
     if pd.isna(row.tokens_per_s):
         return "OOM" if row.search_status == "none_fits" else "n/a"
-    retried = " r" if (row.alloc_retries or 0) > 0 else ""  # NaN > 0 is False
-    return f"{row.tokens_per_s / 1000:,.0f}k{retried}"
+    return f"{row.tokens_per_s / 1000:,.0f}k{' r' if retried(row._asdict()) else ''}"
 
 
 def tables(study: Path) -> list[str]:
@@ -47,7 +49,8 @@ def tables(study: Path) -> list[str]:
     gpus = sorted(set(table["gpu"].dropna()))
     return [
         f"Maximum tokens per step (x: over `{reference}`'s; h: the host's pinned memory stopped "
-        f"it; OOM: batch 1 does not fit), {', '.join(gpus)}:",
+        f"it, d: the training data, c: search.max_batch; OOM: batch 1 does not fit), "
+        f"{', '.join(gpus)}:",
         "\n".join(out["tokens"]),
         "Tokens/s at each maximum (r: cudaMalloc retried in the timed steps):",
         "\n".join(out["speed"]),

@@ -15,12 +15,12 @@ def pay_groups(found: list[dict], axis: str) -> list[dict]:
     """The findings of one technique along one axis, grouped by where it starts to pay:
     [{from, everywhere (`from` is the first value measured: it pays wherever measured, where it
     starts is not seen), ratio_min, ratio_max, at: [fixed values]}], the paying groups first, by
-    `from`. An axis with one value measured (one Llama-style size) has no findings."""
+    `from`."""
     groups: dict = {}
     for f in found:
-        measured = sorted(float(v) for v in f["ratios"])
-        if f["axis"] != axis or len(measured) < 2:
+        if f["axis"] != axis:
             continue
+        measured = sorted(float(v) for v in f["ratios"])
         first = f["from"] is not None and float(f["from"]) == measured[0]
         g = groups.setdefault((f["from"], first), {"from": f["from"], "everywhere": first,
                                                   "at": [], "ratios": []})  # fmt: skip
@@ -65,11 +65,15 @@ def share_ranges(rows: list[dict], technique: str) -> dict | None:
     return out or None
 
 
+SLOPE_SAME = 0.01  # two fits' slopes this close (relative): the same memory per token
+
+
 def fixed_savings(rows: list[dict], reference: str, pays: float) -> list[dict]:
     """Techniques that change only the memory a step holds whatever its batch: the same memory
-    per token as the reference (its fit's slope within 1%) at every point where both fit, a fit
+    per token as the reference (slopes within SLOPE_SAME) at every point where both fit, a fit
     that starts lower. Per technique: the saving in MiB and in the reference's sequences, what
-    paying (pays x the reference's batch) would need in sequences, and whether the optimizer
+    paying (pays x the reference's batch) would need in sequences, the largest share of that need
+    the saving meets at one point (`share`), and whether the optimizer
     state's measured difference is the saving (within 5% at every point)."""
     out = {}
     for point in dict.fromkeys(r["point"] for r in rows):
@@ -80,7 +84,7 @@ def fixed_savings(rows: list[dict], reference: str, pays: float) -> list[dict]:
         for r in rows:
             if r["point"] != point or r["technique"] == reference or not r["per_token_mib"]:
                 continue
-            same = abs(r["per_token_mib"] / ref["per_token_mib"] - 1) <= 0.01
+            same = abs(r["per_token_mib"] / ref["per_token_mib"] - 1) <= SLOPE_SAME
             saved = ref["fixed_mib"] - r["fixed_mib"]
             e = out.setdefault(r["technique"], {"technique": r["technique"], "points": [],
                                                 "same": True})  # fmt: skip
@@ -97,30 +101,36 @@ def fixed_savings(rows: list[dict], reference: str, pays: float) -> list[dict]:
         found.append({"technique": e["technique"], "n": len(pts),
                       **{f"{k}_{f.__name__}": f(p[k] for p in pts) for k in ("mib", "sequences", "needs")
                          for f in (min, max)},
+                      "share": max(p["sequences"] / p["needs"] for p in pts),
                       "state": all(p["state"] for p in pts)})  # fmt: skip
     return found
 
 
 def speed_summary(findings: dict) -> list[dict]:
     """Per technique timed at the reference's batch somewhere: how many points, the range of its
-    tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio
-    at least findings["speed_clear"] from 1), each with its ratio."""
-    clear, out = findings.get("speed_clear"), []
+    tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio at
+    least findings["speed_clear"] from 1, or "speed_clear_retried" where either cell retried
+    cudaMalloc), each with its ratio."""
+    out = []
+
+    def clear(f):
+        return findings["speed_clear_retried" if f["retried"] else "speed_clear"]
+
     for technique, found in (findings.get("speed") or {}).items():
         if not found:
             continue
         ratios = [f["ratio"] for f in found]
         out.append({
             "technique": technique, "n": len(found), "min": min(ratios), "max": max(ratios),
-            "faster": [f for f in found if f["ratio"] >= clear],
-            "slower": [f for f in found if f["ratio"] <= 1 / clear],
+            "faster": [f for f in found if f["ratio"] >= clear(f)],
+            "slower": [f for f in found if f["ratio"] <= 1 / clear(f)],
         })  # fmt: skip
     return out
 
 
 def budget_spread(search_paths, searches: list[dict], rows: list[dict], reference: str):
-    """The widest spread of the searches' budgets at one point, in the reference's sequences
-    there (its fit's memory per sequence): {n, point}, or None. A search's budget is what the GPU
+    """The widest spread of the searches' budgets at one point, in MiB and in the reference's
+    sequences there (its fit's memory per sequence): {mib, n, point}, or None. A search's budget is what the GPU
     had free when it began, so two searches at one point can differ by this much for no reason
     of their techniques."""
     budgets: dict = {}
@@ -129,11 +139,11 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
             budgets.setdefault(Path(path).parts[-3], []).append(s["budget_mib"])
     per_seq = {r["point"]: r["per_token_mib"] * r["seq_len"] for r in rows
                if r["technique"] == reference and r["per_token_mib"]}  # fmt: skip
-    spreads = [((max(b) - min(b)) / per_seq[p], p) for p, b in budgets.items() if p in per_seq]
+    spreads = [(max(b) - min(b), p) for p, b in budgets.items() if p in per_seq]
     if not spreads:
         return None
-    n, point = max(spreads)
-    return {"n": n, "point": point} if n > 0 else None
+    mib, point = max(spreads)
+    return {"mib": mib, "n": mib / per_seq[point], "point": point} if mib > 0 else None
 
 
 def where_run(rows: list[dict]) -> dict:

@@ -13,8 +13,9 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from memopt.report.figures_style import technique_colors
+from memopt.report.map_results import BREAKDOWN
 
-KINDS = ("weights", "gradients", "optimizer_state", "activations", "logits", "logits_grad")
+KINDS = BREAKDOWN  # the step's memory by kind, as results/map.csv has it
 LABELS = {"optimizer_state": "optimizer state", "logits_grad": "logits' gradient"}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from memopt.map_points import map_points, map_reference, point_models
 from memopt.report import tables
 from memopt.report.map_analysis import (
+    SLOPE_SAME,
     budget_spread,
     fixed_savings,
     pay_groups,
@@ -19,7 +20,7 @@ from memopt.report.map_analysis import (
     speed_summary,
     where_run,
 )
-from memopt.report.map_results import MAP_FIGURE_NAMES
+from memopt.report.map_results import BREAKDOWN, LIMIT_MARKS, MAP_FIGURE_NAMES, retried
 from memopt.report.paper import PROVENANCE_KEYS, _clean, _render, figure_paths
 from memopt.report.paper_format import config_yaml, make_environment, num, pct
 from memopt.report.paper_prose import render_prose
@@ -96,7 +97,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         },
         "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
         # cells whose timed steps retried cudaMalloc: their tokens/s include that slow path
-        "retrying": sorted((r for r in timed if (r.get("alloc_retries") or 0) > 0),
+        "retrying": sorted((r for r in timed if retried(r)),
                            key=lambda r: r["alloc_retries"] / (r.get("timed_steps") or 1)),
         "best": best, "winners": winners, "everywhere": bool(always),
         "ties": any(len(b["techniques"]) > 1 for b in best), "bound": any(b["bound"] for b in best),
@@ -108,6 +109,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         ],
         "shares": share_ranges(rows, reference),
         "speed": speed_summary(findings), "speed_clear": findings.get("speed_clear"),
+        "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
+        "n_kinds": len(BREAKDOWN),
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
@@ -155,14 +158,14 @@ def map_tables(ctx: dict) -> dict[str, Table]:
     def tokens(r):
         if r["search_status"] == "none_fits":
             return "OOM"
-        mark = {"host": " h", "data": " d", "cap": " c"}.get(r["limit"], "")
+        mark = f" {LIMIT_MARKS[r['limit']]}" if r["limit"] in LIMIT_MARKS else ""
         return num(r["max_tokens"]) + mark
 
     def speed(r):
         if r["tokens_per_s"] is None:
             return "OOM" if r["search_status"] == "none_fits" else "n/a"
-        retried = " r" if (r.get("alloc_retries") or 0) > 0 else ""
-        return f"{num(r['tokens_per_s'] / 1000, 1)}k ({pct(r['mfu'], 0)}){retried}"
+        mark = " r" if retried(r) else ""
+        return f"{num(r['tokens_per_s'] / 1000, 1)}k ({pct(r['mfu'], 0)}){mark}"
 
     def per_token(r):
         if r["per_token_mib"] is None:  # no fit: batch 1 does not fit, or only one batch did
