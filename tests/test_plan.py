@@ -259,6 +259,18 @@ def test_the_readmes_prediction_table_is_the_tools(tmp_path):
     assert [r.split(" | ")[0] for r in rows] == ["| maximum batch", "| peak at half the maximum "
                                                  "or more"] * 2 + ["| tokens/s, one per configuration"]  # fmt: skip
     assert png.stat().st_size > 10_000 and (ROOT / "docs/figures/plan_check.png").exists()
+    # the map read from a published folder (its results/ as the state holds them) gives the same
+    import tarfile
+
+    folder = tmp_path / "map"
+    with tarfile.open(ROOT / "studies/h100-map-pieces/state.tar.gz") as tar:
+        tar.extractall(folder, filter="data")
+    again = tmp_path / "again.md"
+    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--summary", str(again),
+                           "--map-state", str(folder)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert again.read_text() == summary.read_text()
 
 
 def test_plan_refuses_what_it_cannot_answer(tmp_path, capsys):

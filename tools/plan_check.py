@@ -1,11 +1,12 @@
 """Leave-one-out check of `memopt plan`'s predicted maxima against measured searches.
 
-    python tools/plan_check.py [--study DIR ...] [--map-state TAR|none] [--out FILE]
+    python tools/plan_check.py [--study DIR ...] [--map-state TAR|DIR|none] [--out FILE]
                                [--summary FILE] [--figure PNG] [--write-points FILE]
 
 Each study folder holds config.yaml and results/search/*.json (the published studies by
-default); --map-state is a map study's saved state (studies/h100-map-pieces/state.tar.gz, read
-with config/map.yaml). Every configuration is predicted from constants fitted on the others
+default); --map-state is a map study's saved state (studies/h100-map-pieces/state.tar.gz) or,
+once published, its folder (studies/h100-map, the default then), read with config/map.yaml.
+Every configuration is predicted from constants fitted on the others
 (memopt.plan.calibrate) at its own search's limit; capped searches are listed, not scored (their
 maximum is a lower bound). Prints a Markdown table and the median and worst absolute errors.
 """
@@ -34,6 +35,7 @@ from memopt.plan.speed import leave_one_out, ratio, speed_point  # noqa: E402
 STUDIES = ("h100-default", "h200-default", "h100-protocol-v2")
 SPEED_STUDIES = (*STUDIES, "h200x2-parallel")  # its single-GPU cells
 MAP_STATE = ROOT / "studies" / "h100-map-pieces" / "state.tar.gz"
+MAP_STUDY = ROOT / "studies" / "h100-map"  # once published, read instead of the pieces' state
 
 
 def _results(folder: Path, config: Path, label: str, kind: str, pattern: str):
@@ -166,8 +168,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--study", nargs="*", type=Path,
                     default=[ROOT / "studies" / s for s in STUDIES])  # fmt: skip
-    ap.add_argument("--map-state", type=Path, default=MAP_STATE,
-                    help="a map study's saved state; 'none': without the map")  # fmt: skip
+    ap.add_argument("--map-state", type=Path,
+                    default=MAP_STUDY if (MAP_STUDY / "results" / "map").is_dir() else MAP_STATE,
+                    help="a map study's saved state (.tar.gz) or published folder; 'none': "
+                    "without the map")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     ap.add_argument(
         "--summary",
@@ -183,7 +187,9 @@ def main() -> None:
     map_state = None if str(args.map_state) == "none" else args.map_state
     with tempfile.TemporaryDirectory() as tmp:
         map_dir = None
-        if map_state:
+        if map_state and map_state.is_dir():  # a published map study
+            map_dir = map_state
+        elif map_state:
             with tarfile.open(map_state) as tar:
                 tar.extractall(tmp, filter="data")
             map_dir = Path(tmp)
