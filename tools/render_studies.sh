@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 names=("$@")
 [ ${#names[@]} -gt 0 ] || mapfile -t names < <(python3 -c \
   "import ast; t = ast.parse(open('tests/test_studies.py').read()); print('\n'.join(s for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') in ('STUDIES', 'QUALITY_STUDIES') for s in ast.literal_eval(n.value)))")
+# the map first (tests/test_map_study.py checks it): the papers that link it use its figures
+[ $# -gt 0 ] || [ ! -f studies/h100-map/results/map.csv ] || names=(h100-map "${names[@]}")
 for name in "${names[@]}"; do
   s=studies/$name
   memopt paper --config "$s/config.yaml" --results "$s/results" --data "$s/data" --out "$s/paper" --pdf
