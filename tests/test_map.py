@@ -275,3 +275,20 @@ def test_gpu_study_save_keeps_only_whole_points(tmp_path):
         == 14
     )
     assert [n for n in names if "llama_1b_16384" in n] == []  # not even flash's finished pair
+
+
+def test_kept_scores_extrapolate_where_no_batch_fits():
+    """Per-token memory of 1 MiB at 1,024 and 1.5 MiB at 2,048 tokens (12 layers, 8 heads):
+    512 KiB per 1,024 tokens of length, 2**19 / 1,024 / 96 = 5.33 bytes per layer, head and pair;
+    at 4,096 tokens, where nothing fits, one sequence is 4,096 x 2.5 MiB = 10 GiB."""
+    from memopt.report.map_analysis import kept_scores
+
+    rows = [{"technique": "fp32", "model": "m", "point": f"m_{n}", "seq_len": n,
+             "per_token_mib": mib, "search_status": status}
+            for n, mib, status in ((1024, 1.0, "ok"), (2048, 1.5, "ok"), (4096, None, "none_fits"))]  # fmt: skip
+    models = [{"name": "m", "n_heads": 8, "n_layers": 12}]
+    specs = {"fp32": {"precision": "fp32", "attention": "math"}, "flash": {"attention": "flash"}}
+    (q,) = kept_scores(rows, models, specs)
+    assert q["bytes"] == pytest.approx(2**19 / 1024 / 96) and not q["about_one"]
+    assert q["none_fits"] == [{"point": "m_4096", "gib": pytest.approx(10.0)}]
+    assert q["score_bytes"] == 4 and q["lengths"] == [1024, 2048]

@@ -167,3 +167,39 @@ def where_run(rows: list[dict]) -> dict:
     commits = sorted({c for r in rows for c in (r["git_commit"], r["search_git_commit"]) if c})
     models = sorted({g["model"] for g in gpus.values() if g["model"]})
     return {"gpus": list(gpus.values()), "split": split, "commits": commits, "models": models}
+
+
+SCORE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}  # one attention score, by precision
+
+
+def kept_scores(rows: list[dict], models: list[dict], specs: dict) -> list[dict]:
+    """Techniques whose attention keeps the score matrices (math attention): how their memory
+    per token grows with the length, per layer and query head, in bytes per pair of tokens, from
+    the fits at the two shortest lengths where a model fits a batch; against the bytes of one
+    score in the technique's precision. [{technique, model, bytes, lengths, score_bytes,
+    about_one, none_fits: [{point, gib}] where it fits no batch, one sequence's memory
+    extrapolated}]."""
+    shapes = {m["name"]: m for m in models}
+    out = []
+    for technique, spec in specs.items():
+        if spec.get("attention") != "math":
+            continue
+        for name, m in shapes.items():
+            fits = sorted((r["seq_len"], r["per_token_mib"]) for r in rows
+                          if r["technique"] == technique and r["model"] == name
+                          and r["per_token_mib"])  # fmt: skip
+            if len(fits) < 2:
+                continue
+            (n0, a), (n1, b) = fits[:2]
+            growth = (b - a) * 2**20 / (n1 - n0)  # bytes per token per token of length
+            per = growth / (m["n_heads"] * m["n_layers"])
+            # where it fits no batch: one sequence's memory, the line through the two fits
+            none = [(r["point"], r["seq_len"]) for r in rows if r["technique"] == technique
+                    and r["model"] == name and r["search_status"] == "none_fits"]  # fmt: skip
+            gib = [{"point": p, "gib": n * (a + (n - n0) * growth / 2**20) / 1024} for p, n in none]
+            score = SCORE_BYTES.get(spec.get("precision"))
+            out.append({"technique": technique, "model": name, "lengths": [n0, n1], "bytes": per,
+                        "score_bytes": score,  # about one kept score: within a quarter of it
+                        "about_one": bool(score) and abs(per / score - 1) <= 0.25,
+                        "none_fits": gib})  # fmt: skip
+    return out

@@ -15,6 +15,7 @@ from memopt.report.map_analysis import (
     SLOPE_SAME,
     budget_spread,
     fixed_savings,
+    kept_scores,
     pay_groups,
     share_ranges,
     speed_summary,
@@ -112,6 +113,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
         "n_kinds": len(BREAKDOWN),
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
+        "scores": kept_scores(rows, _models(config, tokens["vocab_size"]),
+                              {t: config["techniques"][t] for t in techniques}),
         "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
