@@ -65,6 +65,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     techniques = list(dict.fromkeys(r["technique"] for r in rows))
     searches = [read_json(Path(p)) for p in search_paths]
     timed = [r for r in rows if r["cell_status"] == "ok"]
+    models = _models(config, tokens["vocab_size"])
+    specs = {t: config["techniques"][t] for t in techniques}
     best = []  # per point: the techniques with the most tokens per step (ties), against the reference
     for p in points:
         at = [r for r in rows if r["point"] == p]
@@ -81,9 +83,9 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
-        "tokens": tokens, "models": _models(config, tokens["vocab_size"]),
+        "tokens": tokens, "models": models,
         "lengths": list(config["map"]["seq_lens"]), "points": points, "techniques": techniques,
-        "specs": {t: config["techniques"][t] for t in techniques}, "reference": reference,
+        "specs": specs, "reference": reference,
         "pays_at": findings["pays_at"], "rows": rows,
         "searches": {
             "n": len(rows), "proven": sum(r["search_status"] == "ok" for r in rows),
@@ -113,8 +115,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
         "n_kinds": len(BREAKDOWN),
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
-        "scores": kept_scores(rows, _models(config, tokens["vocab_size"]),
-                              {t: config["techniques"][t] for t in techniques}),
+        "scores": kept_scores(rows, models, specs),
         "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
