@@ -217,3 +217,9 @@ def paper_study(tmp_path_factory):
         processes=2,
     )
     return paths | {"root": root, "figures": root / "paper" / "figures"}
+
+
+@pytest.fixture
+def study(paper_study):
+    """The synthetic study with its figures (paper_study: drawn once per session)."""
+    return paper_study

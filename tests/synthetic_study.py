@@ -4,10 +4,12 @@ made-up study (`write_study`), and how a test renders its paper and reads its ta
 holds one aggregated copy with its figures."""
 
 import math
+import shutil
 from pathlib import Path
 
+from memopt.report.figures import make_figures
 from memopt.report.paper import render_paper
-from memopt.report.results import write_json
+from memopt.report.results import aggregate, write_json
 from memopt.report.verdicts import aggregate_quality
 from memopt.runtime.functions import function_of
 
@@ -327,3 +329,31 @@ def md_table(text: str, column: str) -> list[dict]:
             break
         rows.append(dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")))))
     return rows
+
+
+def render_cells(study, tmp_path, cells: list[dict], draw: bool = False):
+    """Write these cell dicts, aggregate and render a paper from them (the study's searches and
+    data; the study's figures unless `draw` draws them from these cells); return the .md and .tex
+    paths."""
+    paths = []
+    for cell in cells:
+        paths.append(tmp_path / "cells" / cell["technique"] / f"{cell['batch_entry']}.json")
+        write_json(paths[-1], cell)
+    aggregate(paths, tmp_path / "summary.csv")
+    if draw:
+        make_figures(tmp_path / "summary.csv", tmp_path / "paper" / "figures")
+    else:  # the text does not depend on them (drawing takes seconds)
+        shutil.copytree(study["figures"], tmp_path / "paper" / "figures")
+    out_md, out_tex = tmp_path / "paper" / "paper.md", tmp_path / "paper" / "paper.tex"
+    render_paper(
+        tmp_path / "summary.csv",
+        study["searches"],
+        study["stats"],
+        study["meta"],
+        CONFIG,
+        tmp_path / "paper" / "figures",
+        TEMPLATES,
+        out_md,
+        out_tex,
+    )
+    return out_md, out_tex
