@@ -1,6 +1,5 @@
-"""The offload, grad_accum, compile_memory_budget and precision (fp16, fp8) knobs, the liger/cce
-adapters (with stand-ins for their packages), and the refusal of every impossible combination
-before any training."""
+"""The offload, grad_accum, compile_memory_budget, compile_mode and precision (fp16, fp8) knobs,
+and the liger/cce adapters (with stand-ins for their packages); the refusals: test_knob_refusals.py."""
 
 import os
 import sys
@@ -285,115 +284,6 @@ def test_fused_loss_adapters_pass_rows_weight_and_targets(loss, autocast, monkey
     assert h.grad is not None and w.grad is not None and h.grad.dtype == torch.float32
 
 
-def _refused(knobs: dict, **config) -> str:
-    with pytest.raises(ConfigError) as err:
-        validate_config({"techniques": {"t": knobs}, "baseline": "t", **config})
-    return str(err.value)
-
-
-@pytest.mark.parametrize(
-    "knobs, config, fragments",
-    [
-        (
-            {"compile_memory_budget": 0.5},
-            {},
-            ["techniques.t.compile_memory_budget: 0.5", "techniques.t.compile true"],
-        ),
-        ({"compile": True, "compile_memory_budget": 1.5}, {}, ["compile_memory_budget", "1.5"]),
-        ({"precision": "fp8"}, {"device": "cpu"}, ["techniques.t.precision: 'fp8'", "'cpu'"]),
-        ({"offload": "activations"}, {"device": "cpu"}, ["techniques.t.offload", "'cpu'"]),
-        ({"loss": "liger"}, {"device": "cpu"}, ["techniques.t.loss: 'liger'", "Triton"]),
-        ({"loss": "cce"}, {"device": "cpu"}, ["techniques.t.loss: 'cce'", "Triton"]),
-        (
-            {"optimizer_in_backward": True},
-            {},
-            ["techniques.t.optimizer_in_backward", "train.grad_clip 1.0", "global clipping"],
-        ),
-        (
-            {"optimizer_in_backward": True, "grad_accum": 2},
-            {"train": {"grad_clip": 0}},
-            ["techniques.t.optimizer_in_backward", "techniques.t.grad_accum 2", "micro-batch"],
-        ),
-        (
-            {"optimizer_in_backward": True, "precision": "fp16"},
-            {"train": {"grad_clip": 0}},
-            ["techniques.t.optimizer_in_backward", "techniques.t.precision 'fp16'", "scaling"],
-        ),
-        (
-            {"grad_accum": 16},
-            {},
-            ["techniques.t.grad_accum: 16", "exactness.batch (8)", "allowed: 1..8"],
-        ),
-        ({"grad_accum": 0}, {}, ["techniques.t.grad_accum: 0 is not allowed", ">= 1"]),
-        (
-            {"loss": "liger", "precision": "fp16"},
-            {},
-            ["techniques.t.loss: 'liger'", "techniques.t.precision 'fp16'", "underflows"],
-        ),
-        ({"offload": "gpu"}, {}, ["techniques.t.offload", "'activations'"]),
-        # Issue 14: kernels that cannot run on the configured device, refused before the DAG.
-        (
-            {"precision": "fp32", "attention": "flash"},
-            {"device": "cuda"},
-            ["techniques.t.attention: 'flash'", "precision 'fp32'", "'cuda'", "FP16/BF16"],
-        ),
-        (
-            {"precision": "tf32", "attention": "cudnn"},
-            {"device": "cuda"},
-            ["techniques.t.attention: 'cudnn'", "precision 'tf32'", "allowed with tf32: math"],
-        ),
-        (
-            {"precision": "fp32", "attention": "efficient"},
-            {"device": "cpu"},
-            ["techniques.t.attention: 'efficient'", "'cpu'", "allowed on a CPU: math, flash"],
-        ),
-        (
-            {"attention": "flex", "window": 8},
-            {"device": "cpu"},
-            ["techniques.t.attention: 'flex'", "'cpu'"],
-        ),
-    ],
-)
-def test_impossible_combinations_are_refused_before_any_training(knobs, config, fragments):
-    message = _refused(knobs, **config)
-    for fragment in fragments:
-        assert fragment in message, (fragment, message)
-
-
-def test_the_same_knobs_are_allowed_where_they_can_run():
-    validate_config(
-        {
-            "device": "cuda",
-            "train": {"grad_clip": 0},
-            "techniques": {
-                "a": {"precision": "fp8", "offload": "activations", "loss": "cce"},
-                "b": {"compile": True, "compile_memory_budget": 0.5, "loss": "liger"},
-                "c": {"optimizer_in_backward": True, "precision": "bf16"},
-                "d": {"grad_accum": 8, "precision": "fp16"},
-            },
-            "baseline": "a",
-        }
-    )
-
-
-def test_config_knows_the_16bit_precisions_and_the_cpu_kernels():
-    """memopt.config_rules and the knob registry state, without importing torch, what
-    memopt.runtime.precision and the CPU's SDPA backends say: keep them in step."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from memopt import config_rules, knobs
-    from memopt.runtime.precision import AUTOCAST_DTYPES
-
-    assert set(config_rules._SIXTEEN_BIT) == set(AUTOCAST_DTYPES)
-    q = torch.randn(1, 2, 8, 16)
-    for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):  # fmt: skip
-        assert name in knobs.BY_NAME["attention"].gpu_only
-        with pytest.raises(RuntimeError), sdpa_kernel([backend]):
-            F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # allowed on a CPU, also in FP32
-        F.scaled_dot_product_attention(q, q, q, is_causal=True)
-
-
 def test_compile_mode_is_the_mode_torch_compile_gets(monkeypatch):
     """compile_mode reaches torch.compile as its mode, is recorded, and is refused without
     compile (it is torch.compile's mode)."""
@@ -428,14 +318,3 @@ def test_compile_mode_is_named_as_a_compile_change_and_in_the_technique_table():
     (change,) = [r for r in rows if r["technique"] == "graphs"]
     assert change["knob"] == "compile" and change["over"] == "compiled"
     assert change["change"] == "compile → compile + mode reduce-overhead"
-
-
-@pytest.mark.parametrize(
-    "other", [{"grad_accum": 2}, {"offload": "activations"}, {"parallel": "ddp", "gpus": 2}]
-)
-def test_cuda_graph_modes_are_refused_with_what_they_are_not_measured_with(other):
-    techniques = {"a": {"compile": True, "compile_mode": "reduce-overhead", **other}}
-    with pytest.raises(ConfigError, match=r"compile_mode: 'reduce-overhead' is not allowed with"):
-        validate_config({"techniques": techniques, "baseline": "a"})
-    techniques["a"]["compile_mode"] = "max-autotune-no-cudagraphs"  # no graphs: allowed
-    validate_config({"techniques": techniques, "baseline": "a"})
