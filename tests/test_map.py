@@ -292,3 +292,21 @@ def test_kept_scores_extrapolate_where_no_batch_fits():
     assert q["bytes"] == pytest.approx(2**19 / 1024 / 96) and not q["about_one"]
     assert q["none_fits"] == [{"point": "m_4096", "gib": pytest.approx(10.0)}]
     assert q["score_bytes"] == 4 and q["lengths"] == [1024, 2048]
+
+
+def test_a_one_sequence_gain_is_marked_as_the_batchs_granularity():
+    """Where the reference fits one sequence and the technique two (llama_1b at 16,384 tokens on
+    the H100: flash 1, adamw8bit 2), the 2x is one sequence: the finding says so; where the
+    technique fits many more, it does not."""
+    from memopt.report.map_results import starts_to_pay
+
+    table = synthetic_map()
+    at = table["point"] == "big_16384"
+    for technique, batch in (("flash", 1), ("adamw8bit", 2)):
+        row = at & (table["technique"] == technique)
+        table.loc[row, ["max_batch", "max_tokens"]] = [batch, batch * 16384]
+    adam = {f["at"]: f for f in starts_to_pay(table, "adamw8bit", "flash") if f["axis"] == "size"}
+    assert adam[16384]["ratio"] == 2.0 and adam[16384]["one_more"] is True
+    assert adam[1024]["from"] == 1.04e9 and adam[1024]["one_more"] is False
+    never = starts_to_pay(table, "fp32", "flash")
+    assert not any(f["one_more"] for f in never)  # it pays nowhere: nothing to mark

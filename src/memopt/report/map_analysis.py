@@ -14,8 +14,9 @@ from memopt.report.map_results import BREAKDOWN
 def pay_groups(found: list[dict], axis: str) -> list[dict]:
     """The findings of one technique along one axis, grouped by where it starts to pay:
     [{from, everywhere (`from` is the first value measured: it pays wherever measured, where it
-    starts is not seen), ratio_min, ratio_max, at: [fixed values]}], the paying groups first, by
-    `from`."""
+    starts is not seen), ratio_min, ratio_max, one_more (at every `from` of the group the
+    technique's maximum is one sequence above the reference's), at: [fixed values]}], the paying
+    groups first, by `from`."""
     groups: dict = {}
     for f in found:
         if f["axis"] != axis:
@@ -23,8 +24,9 @@ def pay_groups(found: list[dict], axis: str) -> list[dict]:
         measured = sorted(float(v) for v in f["ratios"])
         first = f["from"] is not None and float(f["from"]) == measured[0]
         g = groups.setdefault((f["from"], first), {"from": f["from"], "everywhere": first,
-                                                  "at": [], "ratios": []})  # fmt: skip
+                                                  "at": [], "ratios": [], "one_more": True})  # fmt: skip
         g["at"].append(f["at"])
+        g["one_more"] = g["one_more"] and bool(f.get("one_more"))
         if f["ratio"] is not None:  # None: the reference fits no batch there
             g["ratios"].append(f["ratio"])
     out = sorted(groups.values(), key=lambda g: (g["from"] is None, g["from"] or 0))

@@ -115,28 +115,33 @@ def starts_to_pay(table, technique: str, reference: str) -> list[dict]:
     """Along each axis (length at each model; size at each length, Llama-style models), the
     first value from which `technique` trains at least PAYS times `reference`'s maximum tokens
     per step at every larger value measured: {axis, at (the fixed value), from (None: never),
-    ratio (at `from`), ratios (every value's)}. A point where the reference fits no batch and
-    the technique does counts as paying; where neither fits, the point is left out."""
+    ratio (at `from`), ratios (every value's), one_more (at `from` the technique's maximum is
+    one sequence above the reference's: the ratio is the batch's granularity as much as the
+    technique)}. A point where the reference fits no batch and the technique does counts as
+    paying; where neither fits, the point is left out."""
     out = []
     for axis, fixed, over, subset in (
         ("length", "model", "seq_len", table),
         ("size", "seq_len", "params", table[table["arch"] == "llama"]),
     ):
         for at, group in subset.groupby(fixed, sort=False):
-            ratios = {}
+            ratios, more = {}, {}
             for value, rows in group.groupby(over):
                 tokens = dict(zip(rows["technique"], rows["max_tokens"]))
+                batches = dict(zip(rows["technique"], rows["max_batch"]))
                 t, r = tokens.get(technique), tokens.get(reference)
                 if t is None or r is None or (t == 0 and r == 0):
                     continue
                 ratios[value] = float("inf") if r == 0 else t / r
+                more[value] = batches[technique] - batches[reference]
             values = sorted(ratios)
             start = next(
                 (v for i, v in enumerate(values) if all(ratios[w] >= PAYS for w in values[i:])),
                 None,
             )
             out.append({"axis": axis, "at": at, "from": start, "ratios": ratios,
-                        "ratio": None if start is None else ratios[start]})  # fmt: skip
+                        "ratio": None if start is None else ratios[start],
+                        "one_more": start is not None and bool(more[start] == 1)})  # fmt: skip
     return out
 
 
