@@ -310,3 +310,29 @@ def test_a_one_sequence_gain_is_marked_as_the_batchs_granularity():
     assert adam[1024]["from"] == 1.04e9 and adam[1024]["one_more"] is False
     never = starts_to_pay(table, "fp32", "flash")
     assert not any(f["one_more"] for f in never)  # it pays nowhere: nothing to mark
+
+
+def test_map_figures_keep_every_label_on_the_figure():
+    """With the map's long point names (llama_360m_16384), the memory-shares figure's rotated
+    ticks leave its axis short: its y label must still fit, as every title, tick label and
+    legend of the three figures must."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from memopt.report.map_figures import memory_shares, tokens_by_length, tokens_by_size
+
+    table = synthetic_map()
+    table["point"] = "llama_360m_" + table["point"]  # as long as the map's names
+    for fig in (memory_shares(table, "flash"), tokens_by_length(table), tokens_by_size(table)):
+        FigureCanvasAgg(fig).draw()  # as it is saved
+        renderer = fig.canvas.get_renderer()
+        texts = [*fig.legends]
+        for ax in fig.axes:
+            lo, hi = sorted(ax.get_ylim())  # a log axis keeps labels of ticks off its view
+            ticks = [t for t in ax.get_yticklabels() if lo <= t.get_position()[1] <= hi]
+            texts += [t for t in (ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(),
+                                  *ticks) if t.get_text()]  # fmt: skip
+        page = fig.bbox
+        for t in texts:
+            box = t.get_window_extent(renderer)
+            assert box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1, t
+            assert box.y0 >= page.y0 - 1 and box.y1 <= page.y1 + 1, (t, box, page)

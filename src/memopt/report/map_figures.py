@@ -96,7 +96,7 @@ def memory_shares(table, technique: str) -> Figure:
     """`technique`'s memory at its maximum by kind, as shares of the kinds' sum, at every point
     (a point it could not time is left empty and labelled)."""
     rows = table[table["technique"] == technique].reset_index(drop=True)
-    fig = Figure(figsize=(max(6.0, 0.5 * len(rows)), 3.4), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 0.5 * len(rows)), 3.8), layout="constrained")
     ax = fig.subplots()
     kinds = [rows[f"{k}_mib"].fillna(0) for k in KINDS]
     total = sum(kinds)
@@ -110,7 +110,8 @@ def memory_shares(table, technique: str) -> Figure:
         if not s:
             ax.text(i, 0.5, "not timed", rotation=90, ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(rows)), rows["point"], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"share of memory ({technique} at its maximum)")
+    # two lines: the rotated point names leave the axis shorter than the label on one line
+    ax.set_ylabel(f"share of memory\n({technique} at its maximum)")
     ax.set_ylim(0, 1)
     fig.legend(fontsize=7, ncols=len(KINDS), loc="outside upper center")
     return fig
