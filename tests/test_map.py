@@ -336,3 +336,20 @@ def test_map_figures_keep_every_label_on_the_figure():
             box = t.get_window_extent(renderer)
             assert box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1, t
             assert box.y0 >= page.y0 - 1 and box.y1 <= page.y1 + 1, (t, box, page)
+
+
+def test_a_fixed_saving_names_the_points_it_leaves_out():
+    """llama_1b at 16,384 tokens: flash fits one batch, so its search has no slope and the
+    fixed saving cannot be weighed there; the finding names that point."""
+    from memopt.report.map_analysis import fixed_savings
+
+    def row(point, technique, per_token, fixed):
+        return {"point": point, "technique": technique, "per_token_mib": per_token,
+                "fixed_mib": fixed, "seq_len": 10, "max_batch": 20,
+                "optimizer_state_mib": 800.0 if technique == "flash" else 200.0}  # fmt: skip
+
+    rows = [row("a", "flash", 1.0, 1000.0), row("a", "adam", 1.0, 400.0),
+            row("b", "flash", None, None), row("b", "adam", 1.0, 400.0)]  # fmt: skip
+    (found,) = fixed_savings(rows, "flash", 1.1)
+    assert found["n"] == 1 and found["without"] == ["b"] and found["state"] is True
+    assert found["sequences_min"] == 60.0 and found["needs_max"] == pytest.approx(2.0)

@@ -1,6 +1,7 @@
 """Paper rendering: numbers in the tables equal summary.csv, strict templates, escaping, params."""
 
 import math
+import re
 import shutil
 import subprocess
 
@@ -19,7 +20,7 @@ from synthetic_study import (
 from memopt.errors import MemoptError
 from memopt.fileio import read_json
 from memopt.report.paper import render_paper
-from memopt.report.paper_format import build_pdf, md, mib, mparams, num, sig, tex
+from memopt.report.paper_format import build_pdf, md, md_to_tex, mib, mparams, num, sig, tex
 from memopt.report.results import write_json
 from memopt.runtime.flops import param_count
 
@@ -186,6 +187,18 @@ def test_filters():
     assert mparams(124_439_808, 1) == "124.4 M" and mparams(30_976, 2) == "30,976"
     assert sig(0.000187, 3) == "0.00019" and sig(0.85, 3) == "0.850" and sig(2415.4) == "2,415"
     assert sig(None) == "n/a"
+
+
+def test_a_commands_double_dash_prints_as_typed_in_latex():
+    """T1 typewriter fonts join -- into an en dash ("memopt paper –config"): code spans and the
+    templates' own commands break the pair; a range's en dash in prose stays one."""
+    assert md_to_tex("run `snakemake --configfile x.yaml` for 1–2 h") == (
+        r"run \texttt{snakemake -{}-configfile x.yaml} for 1--2 h"
+    )
+    assert md_to_tex("`a---b`") == r"\texttt{a-{}-{}-b}"
+    for template in TEMPLATES.glob("*.tex.j2"):
+        for code in re.findall(r"\\texttt\{([^{}]*)\}", template.read_text()):
+            assert "--" not in code, (template.name, code)
 
 
 def test_param_count_by_hand():

@@ -8,12 +8,13 @@ import shutil
 
 import pytest
 import yaml
-from synthetic_study import CONFIG, TEMPLATES, md_table
+from synthetic_study import CONFIG, TECHNIQUES, TEMPLATES, md_table
 from test_map_paper import write_results
 
 from memopt.config import validate_config
 from memopt.errors import MemoptError
 from memopt.report.paper import render_paper
+from memopt.report.paper_links import _bridge
 from memopt.run.cli import main
 
 
@@ -83,3 +84,24 @@ def test_no_links_no_sections_and_a_wrong_folder_is_named(paper_study, tmp_path)
         assert f"figures/{name}.png)" in main_md and f"/{name}.pdf}}" in main_tex
     with pytest.raises(MemoptError, match=r"paper.quality: .*nowhere is not a published study"):
         render_linked(paper_study, None, tmp_path / "wrong", {"quality": str(tmp_path / "nowhere")})
+
+
+def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, linked, tmp_path):
+    """The map's names and setting against this study's, computed from both configs: a
+    technique with the same knobs under another name, one named alike with other knobs, and the
+    model keys the map's points share that differ from this study's model."""
+    md, tex = render_linked(paper_study, linked, tmp_path, {"map": str(linked / "map")})
+    bridge = md.split("## 4 Results across the map")[1].split("\n\n")[1]
+    assert bridge.startswith(f"The map study in `{linked / 'map'}` measures 4 techniques at other")
+    assert "Its reference is `flash`, not this study's `baseline`; its `fp32` is this study's " \
+           "`baseline` (the same knobs); its models differ from this study's in d_ff, 128 (here " \
+           "256); dropout, 0.0 (here 0.1), so no point of the map repeats this study's " \
+           "measurements." in bridge  # fmt: skip
+    assert r"its \texttt{fp32} is this study's \texttt{baseline}" in tex
+    # one named as this study's with other knobs; one the same under another name
+    theirs = validate_config({"techniques": {"local128": {**TECHNIQUES["local128"], "window": 16},
+                                             "ckpt": TECHNIQUES["flash_gradcp"]},
+                              "baseline": "ckpt", "model": CONFIG["model"]})  # fmt: skip
+    found = _bridge(CONFIG, theirs)
+    assert found == {"same": [{"map": "ckpt", "here": "flash_gradcp"}],
+                     "differs": [{"name": "local128", "knobs": ["window"]}], "model": []}  # fmt: skip

@@ -198,8 +198,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
                            "r: cudaMalloc failed and was "
                            "retried in the timed steps (Limitations).", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
-                               "linear fit of peak memory against batch, over the length; -: fewer than two batches "
-                               "fit, so no slope; OOM: batch 1 does not fit.", 4, "per-token"),
+                               "linear fit of peak memory against batch, over the length; -: the search tried fewer "
+                               "than two batches that fit, so no slope; OOM: batch 1 does not fit.", 4, "per-token"),
     }  # fmt: skip
 
 

@@ -115,7 +115,8 @@ def _tex_code(text: str) -> str:
     escaped = tex(text)
     if len(text) > 16 and " " not in text:
         escaped = re.sub(r"((?:\\[a-z]+\{\}|\\.|[^\\]){8})", r"\1\\allowbreak{}", escaped)
-    return r"\texttt{" + escaped + "}"
+    # T1 typewriter fonts join -- into an en dash: a command's --flag must print as typed
+    return r"\texttt{" + escaped.replace("--", "-{}-").replace("--", "-{}-") + "}"
 
 
 def md_to_tex(text: str) -> str:

@@ -31,19 +31,41 @@ def _study(root: Path, key: str, needs: tuple[str, ...]) -> dict:
     return validate_config(yaml.safe_load((root / "config.yaml").read_text()))
 
 
-def _map(root: Path, templates: Path, render) -> dict:
+def _bridge(config: dict, theirs: dict) -> dict:
+    """How the map's setting meets this study's: its techniques that are this study's under
+    another name (the same knobs, every default filled), those named as one of this study's
+    but with other knobs (and which), and the model keys its points share that differ from this
+    study's model."""
+    from memopt.config import full_spec, validate_config
+
+    # every default filled on both sides, each technique and the model checked alone
+    ours = {t: full_spec(k) for t, k in config["techniques"].items()}
+    mapped = {t: full_spec(k) for t, k in theirs["techniques"].items()}
+    alone = {"model": config["model"], "techniques": {"t": {}}, "baseline": "t"}
+    here = validate_config(alone)["model"]
+    same = [{"map": m, "here": h} for m, spec in mapped.items()
+            for h, mine in ours.items() if mine == spec and m != h]  # fmt: skip
+    differs = [{"name": m, "knobs": sorted(k for k in spec.keys() | ours[m].keys()
+                                           if spec.get(k) != ours[m].get(k))}
+               for m, spec in mapped.items() if m in ours and ours[m] != spec]  # fmt: skip
+    model = [{"key": k, "map": v, "here": here.get(k)}
+             for k, v in theirs["model"].items() if k != "seq_len" and here.get(k) != v]  # fmt: skip
+    return {"same": same, "differs": differs, "model": model}
+
+
+def _map(root: Path, templates: Path, render, config: dict) -> dict:
     import pandas as pd
 
     from memopt.map_points import map_points
     from memopt.report.map_paper import listed, map_context, span
     from memopt.report.paper_prose import render_prose
 
-    config = _study(root, "map", ("results/map.csv", "results/map_findings.json"))
+    map_config = _study(root, "map", ("results/map.csv", "results/map_findings.json"))
     searches = [root / "results/map" / p / "search" / f"{t}.json"
-                for p in map_points(config) for t in config["techniques"]]  # fmt: skip
+                for p in map_points(map_config) for t in map_config["techniques"]]  # fmt: skip
     ctx = map_context(pd.read_csv(root / "results/map.csv"),
                       read_json(root / "results/map_findings.json"), searches,
-                      root / "data/corpus/stats.json", root / "data/tokens/meta.json", config)  # fmt: skip
+                      root / "data/corpus/stats.json", root / "data/tokens/meta.json", map_config)  # fmt: skip
     # in another paper: no protocol sentence, and no memory shares or throughput (their figure
     # and tables stay in the map's own paper)
     ctx["linked"] = True
@@ -51,7 +73,9 @@ def _map(root: Path, templates: Path, render) -> dict:
     env.filters.update(span=span, listed=listed)
     prose = render_prose(env, ctx, render, ("abstract", "findings"), "map", None)
     return {"path": root.as_posix(), "prose": prose, "models": ctx["models"],
-            "points": ctx["points"], "figures_dir": root / "paper" / "figures"}  # fmt: skip
+            "points": ctx["points"], "figures_dir": root / "paper" / "figures",
+            "reference": ctx["reference"], "techniques": ctx["techniques"],
+            **_bridge(config, map_config)}  # fmt: skip
 
 
 def _quality(root: Path) -> dict:
@@ -95,7 +119,7 @@ def linked_studies(config: dict, templates: Path, render) -> dict:
     links = config.get("paper") or {}
     out = {}
     if links.get("map"):
-        out["map"] = _map(Path(links["map"]), Path(templates), render)
+        out["map"] = _map(Path(links["map"]), Path(templates), render, config)
     if links.get("quality"):
         out["quality"] = _quality(Path(links["quality"]))
     return out
@@ -122,6 +146,9 @@ def linked_prose(linked: dict, context: dict, templates: Path, render) -> dict[s
     if "map" in linked:
         for fmt in out:
             out[fmt]["map"] = {name: both[fmt] for name, both in linked["map"]["prose"].items()}
+    if "map" in linked:  # where the map's setting meets this study's
+        text = render(make_environment(templates, False), "_linked_map.md.j2", context).strip()
+        out["md"]["map"]["bridge"], out["tex"]["map"]["bridge"] = text, md_to_tex(text)
     if "quality" in linked:
         text = render(make_environment(templates, False), "_linked_quality.md.j2", context).strip()
         out["md"]["quality_summary"], out["tex"]["quality_summary"] = text, md_to_tex(text)
