@@ -76,11 +76,15 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         best.append({"point": p, "techniques": [r["technique"] for r in tied], "tokens": top,
                      "bound": any(r["limit"] in ("data", "cap") for r in tied),  # a lower bound
                      "host": any(r["limit"] == "host" for r in tied),  # the host's, not the GPU's
-                     "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None})  # fmt: skip
+                     "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None,
+                     # its tokens/s over the reference's, each at its own maximum (both timed)
+                     "speed": next((r["tokens_per_s"] / ref["tokens_per_s"] for r in tied
+                                    if _timed(r) and _timed(ref)), None)})  # fmt: skip
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
+    speeds = [b["speed"] for b in best if b["speed"] is not None]
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -105,6 +109,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "best": best, "winners": winners, "everywhere": bool(always),
         "ties": any(len(b["techniques"]) > 1 for b in best), "bound": any(b["bound"] for b in best),
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
+        "best_speed": {"min": min(speeds), "max": max(speeds)} if speeds else None,
         "reference_precision": config["techniques"][reference]["precision"].upper(),
         "findings": [
             {"technique": t, "length": pay_groups(f, "length"), "size": pay_groups(f, "size")}
@@ -123,6 +128,10 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
     }  # fmt: skip
+
+
+def _timed(row: dict) -> bool:
+    return row["cell_status"] == "ok" and (row["tokens_per_s"] or 0) > 0  # NaN: not timed
 
 
 def _cell(rows: list[dict], point: str, technique: str) -> dict:
