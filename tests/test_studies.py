@@ -250,6 +250,21 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
 # The long quality study (issue 35): rendered by this code too (tools/render_studies.sh), its
 # verdicts recomputed here from the runs, independently of memopt.report.paired.
 QUALITY_STUDIES = ["h200-quality"]
+
+
+@pytest.mark.parametrize("name", STUDIES + QUALITY_STUDIES)
+def test_each_bold_lead_starts_a_paragraph_of_its_own(name):
+    """A paragraph led by a bold title ("**The positive control.** ...") has a blank line before
+    it: a template line that ends in a block tag loses its newline, and the next paragraph ran
+    into it, in Markdown and LaTeX alike."""
+    lines = (ROOT / "studies" / name / "paper/paper.md").read_text().split("\n")
+    lead = re.compile(r"^\*\*[^*]+\.\*\* ")
+    merged = [
+        line[:60] for i, line in enumerate(lines) if lead.match(line) and lines[i - 1].strip()
+    ]
+    assert merged == [], merged
+
+
 T975_3, T80_3 = 3.182446305284263, 0.9784723123633045  # Student's t, 3 degrees of freedom
 
 
