@@ -202,7 +202,7 @@ def map_tables(ctx: dict) -> dict[str, Table]:
              f"{peak} and B + 1 "
              "did not."],
         ),
-        "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: thousand tokens/s, "
+        "speed": _by_point(ctx, speed, "Throughput at each technique's maximum: tokens/s (k: thousand), "
                            "model FLOPs utilization (of the GPU's dense BF16 peak, also for FP32) in brackets; "
                            "r: cudaMalloc failed and was "
                            "retried in the timed steps (Limitations).", 3, "speed"),
