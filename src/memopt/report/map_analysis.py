@@ -36,6 +36,17 @@ def pay_groups(found: list[dict], axis: str) -> list[dict]:
     return out
 
 
+def pays_everywhere(found: list[dict], pays: float) -> dict:
+    """{"everywhere": the technique pays at every point measured (along the length, every
+    model's ratios cover every point), "ratio_min", "ratio_max" over those points, and
+    "reference_none": at some of them the reference fits no batch (no ratio there)}."""
+    ratios = [v for f in found if f["axis"] == "length" for v in f["ratios"].values()]
+    known = [v for v in ratios if v is not None]
+    everywhere = bool(ratios) and all(v is None or v >= pays for v in ratios)
+    return {"everywhere": everywhere, "ratio_min": min(known, default=None),
+            "ratio_max": max(known, default=None), "reference_none": len(known) < len(ratios)}  # fmt: skip
+
+
 def tied_points(values: list[tuple[float, str]], end: float) -> list[str]:
     """Every point whose share prints as `end` does (whole percent): a tie is named whole."""
     return [p for v, p in values if round(100 * v) == round(100 * end)]

@@ -17,6 +17,7 @@ from memopt.report.map_analysis import (
     fixed_savings,
     kept_scores,
     pay_groups,
+    pays_everywhere,
     share_ranges,
     speed_summary,
     where_run,
@@ -112,7 +113,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "best_speed": {"min": min(speeds), "max": max(speeds)} if speeds else None,
         "reference_precision": config["techniques"][reference]["precision"].upper(),
         "findings": [
-            {"technique": t, "length": pay_groups(f, "length"), "size": pay_groups(f, "size")}
+            {"technique": t, "length": pay_groups(f, "length"), "size": pay_groups(f, "size"),
+             **pays_everywhere(f, findings["pays_at"])}
             for t, f in findings["techniques"].items()
         ],
         "shares": share_ranges(rows, reference),
