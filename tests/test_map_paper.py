@@ -142,6 +142,13 @@ def test_the_paper_has_its_sections_tables_and_figures(rendered):
     assert "figures/map_memory_shares.pdf" in tex and "\\section{Findings}" in tex
     slack = "its allocated peak stays 256 MiB below the budget"  # the searches' slack, said
     assert slack in md and slack in tex and "its allocated peak at least 256 MiB below it" in md
+    mfu = "so MFU (model FLOP/s over the GPU's dense BF16 peak) measures useful work"  # Table 3's
+    assert mfu in md and mfu in tex
+    # Table 2's marks: only those its cells carry (offload's host limit here; no data, no cap)
+    caption = re.search(r"^Table 2: .*$", md, re.M).group()
+    assert (
+        "h: the host's pinned memory" in caption and "d: " not in caption and "c: " not in caption
+    )
 
 
 def test_the_tokens_table_is_the_results(rendered):

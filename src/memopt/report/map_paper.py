@@ -31,6 +31,9 @@ from memopt.report.tables import Table
 from memopt.runtime.flops import param_count
 
 SECTIONS = ("title", "abstract", "introduction", "findings", "limitations", "conclusion")
+# What stopped a search other than the GPU's memory (Table 2's marks; only those that occur)
+LIMITS = {"host": "the host's pinned memory, not the GPU's, stopped the batch",
+          "data": "the training data did", "cap": "the search's cap did"}  # fmt: skip
 KNOB_DEFAULTS = {"precision": None, "attention": None, "window": None, "checkpointing": "none",
                  "loss": "standard", "offload": "none", "compile": False, "optimizer": "adamw"}  # fmt: skip
 KNOB_COLUMNS = tuple(KNOB_DEFAULTS)
@@ -197,8 +200,9 @@ def map_tables(ctx: dict) -> dict[str, Table]:
         "techniques": knobs,
         "tokens": _by_point(
             ctx, tokens, "The proven maximum tokens per step (batch x length) at each point. OOM: "
-            "batch 1 does not fit; h: the host's pinned memory, not the GPU's, stopped the batch; "
-            "d: the training data did.", 2, "tokens",
+            "batch 1 does not fit" + "".join(f"; {LIMIT_MARKS[k]}: {why}" for k, why in LIMITS.items()
+                                             if any(r["limit"] == k for r in ctx["rows"])) + ".",
+            2, "tokens",
             [f"Every other maximum is the GPU's: batch B trained within the budget of {budget} MiB "
              f"(what the GPU had free when the search began, less {num(ctx['searches']['headroom_mib'])} MiB)"
              f"{peak} and B + 1 "
