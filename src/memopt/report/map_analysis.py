@@ -86,9 +86,9 @@ def fixed_savings(rows: list[dict], reference: str, pays: float) -> list[dict]:
     per token as the reference (slopes within SLOPE_SAME) at every point where both fit, a fit
     that starts lower. Per technique: the saving in MiB and in the reference's sequences, what
     paying (pays x the reference's batch) would need in sequences, the largest share of that need
-    the saving meets at one point (`share`; `share_at`: the points where it prints so), whether the optimizer state's measured difference
-    is the saving (within 5% at every point), and the points left out (`without`: one of the two
-    fits fewer than two batches, so no slope)."""
+    the saving meets at one point (`share`; `share_at`: the points where it prints so), whether
+    the optimizer state's measured difference is the saving (within 5% at every point), and the
+    points left out (`without`: one of the two fits fewer than two batches, so no slope)."""
     out = {}
     points = list(dict.fromkeys(r["point"] for r in rows))
     for point in points:
@@ -113,14 +113,15 @@ def fixed_savings(rows: list[dict], reference: str, pays: float) -> list[dict]:
         if not e["same"] or not all(p["mib"] > 1 for p in e["points"]):
             continue
         pts = e["points"]
+        shares = [(p["sequences"] / p["needs"], p["point"]) for p in pts]
+        share = max(v for v, _ in shares)
+        weighed = {p["point"] for p in pts}
         found.append({"technique": e["technique"], "n": len(pts),
                       **{f"{k}_{f.__name__}": f(p[k] for p in pts) for k in ("mib", "sequences", "needs")
                          for f in (min, max)},
-                      "share": max(p["sequences"] / p["needs"] for p in pts),
-                      "share_at": tied_points([(p["sequences"] / p["needs"], p["point"]) for p in pts],
-                                              max(p["sequences"] / p["needs"] for p in pts)),
+                      "share": share, "share_at": tied_points(shares, share),
                       "state": all(p["state"] for p in pts),
-                      "without": [p for p in points if p not in {q["point"] for q in pts}]})  # fmt: skip
+                      "without": [p for p in points if p not in weighed]})  # fmt: skip
     return found
 
 

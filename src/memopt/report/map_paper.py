@@ -22,7 +22,14 @@ from memopt.report.map_analysis import (
     speed_summary,
     where_run,
 )
-from memopt.report.map_results import BREAKDOWN, LIMIT_MARKS, MAP_FIGURE_NAMES, retried
+from memopt.report.map_results import (
+    BREAKDOWN,
+    LIMIT_MARKS,
+    LIMIT_WHY,
+    MAP_FIGURE_NAMES,
+    retried,
+    was_timed,
+)
 from memopt.report.paper import PROVENANCE_KEYS, _clean, _render, figure_paths
 from memopt.report.paper_format import config_yaml, make_environment, num, pct
 from memopt.report.paper_prose import render_prose
@@ -31,9 +38,6 @@ from memopt.report.tables import Table
 from memopt.runtime.flops import param_count
 
 SECTIONS = ("title", "abstract", "introduction", "findings", "limitations", "conclusion")
-# What stopped a search other than the GPU's memory (Table 2's marks; only those that occur)
-LIMITS = {"host": "the host's pinned memory, not the GPU's, stopped the batch",
-          "data": "the training data did", "cap": "the search's cap did"}  # fmt: skip
 KNOB_DEFAULTS = {"precision": None, "attention": None, "window": None, "checkpointing": "none",
                  "loss": "standard", "offload": "none", "compile": False, "optimizer": "adamw"}  # fmt: skip
 KNOB_COLUMNS = tuple(KNOB_DEFAULTS)
@@ -83,7 +87,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
                      "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None,
                      # its tokens/s over the reference's, each at its own maximum (both timed)
                      "speed": next((r["tokens_per_s"] / ref["tokens_per_s"] for r in tied
-                                    if _timed(r) and _timed(ref)), None)})  # fmt: skip
+                                    if was_timed(r) and was_timed(ref)), None)})  # fmt: skip
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
@@ -133,10 +137,6 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
     }  # fmt: skip
-
-
-def _timed(row: dict) -> bool:
-    return row["cell_status"] == "ok" and (row["tokens_per_s"] or 0) > 0  # NaN: not timed
 
 
 def _cell(rows: list[dict], point: str, technique: str) -> dict:
@@ -200,7 +200,7 @@ def map_tables(ctx: dict) -> dict[str, Table]:
         "techniques": knobs,
         "tokens": _by_point(
             ctx, tokens, "The proven maximum tokens per step (batch x length) at each point. OOM: "
-            "batch 1 does not fit" + "".join(f"; {LIMIT_MARKS[k]}: {why}" for k, why in LIMITS.items()
+            "batch 1 does not fit" + "".join(f"; {LIMIT_MARKS[k]}: {why}" for k, why in LIMIT_WHY.items()
                                              if any(r["limit"] == k for r in ctx["rows"])) + ".",
             2, "tokens",
             [f"Every other maximum is the GPU's: batch B trained within the budget of {budget} MiB "

@@ -24,6 +24,15 @@ SPEED_CLEAR = 1.25
 SPEED_CLEAR_RETRIED = 1.5
 # Table 2's marks (and docs/results.md's) for a maximum that is not the GPU's memory's
 LIMIT_MARKS = {"host": "h", "data": "d", "cap": "c"}
+# What each mark says (Table 2's caption lists those its cells carry)
+LIMIT_WHY = {"host": "the host's pinned memory, not the GPU's, stopped the batch",
+             "data": "the training data did", "cap": "the search's cap did"}  # fmt: skip
+
+
+def was_timed(row: dict) -> bool:
+    """Whether a cell was timed (its tokens/s: None or NaN where it was not)."""
+    v = row.get("tokens_per_s")
+    return v is not None and v > 0
 
 
 def retried(row: dict) -> bool:
@@ -167,7 +176,7 @@ def same_batch_speed(table, technique: str, reference: str) -> list[dict]:
         t, r = by.get(technique), by.get(reference)
         if t is None or r is None or t["max_batch"] != r["max_batch"] or not t["max_batch"]:
             continue
-        if not (t["tokens_per_s"] > 0 and r["tokens_per_s"] > 0):  # NaN: a cell not timed
+        if not (was_timed(t) and was_timed(r)):
             continue
         out.append({"point": point, "batch": int(t["max_batch"]),
                     "ratio": float(t["tokens_per_s"] / r["tokens_per_s"]),

@@ -116,7 +116,7 @@ def _tex_code(text: str) -> str:
     if len(text) > 16 and " " not in text:
         escaped = re.sub(r"((?:\\[a-z]+\{\}|\\.|[^\\]){8})", r"\1\\allowbreak{}", escaped)
     # T1 typewriter fonts join -- into an en dash: a command's --flag must print as typed
-    return r"\texttt{" + escaped.replace("--", "-{}-").replace("--", "-{}-") + "}"
+    return r"\texttt{" + re.sub("-(?=-)", "-{}", escaped) + "}"
 
 
 def md_to_tex(text: str) -> str:
