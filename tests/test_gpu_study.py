@@ -96,6 +96,9 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
     for gpu, point in runs:  # its searches and cell in that GPU's Snakemake
         own = (wd / f"logs/study-run-gpu{gpu}.log").read_text()
         assert f"results/map/{point}/cells/baseline/max.json" in own
+        # without locks: a Snakemake that ends deletes .snakemake/locks, another GPU's included
+        commands = re.findall(r"Command: (.*)", own)
+        assert commands and all("--nolock" in c for c in commands), commands
         assert (wd / f"results/map/{point}/cells/baseline/max.json").exists()
     # A machine lost mid-cell: `save` (STUDY_CONFIG unset: the config `start` recorded) leaves
     # out the point that is not whole, so it runs again, whole, on one GPU.

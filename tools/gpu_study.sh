@@ -102,7 +102,8 @@ setup() {
 smk() {
   find Snakefile config.yaml config envs workflow src paper/templates -type f \
     -exec touch -d @1767225600 {} +   # 2026-01-01: older than any result of the study
-  python3 -m snakemake "$@" --cores all --resources gpu=${STUDY_GPUS:-1} --configfile "$CONFIGFILE" --config "$CORPUS"
+  python3 -m snakemake "$@" --cores all --resources gpu=${STUDY_GPUS:-1} ${SMK_NOLOCK:+--nolock} \
+    --configfile "$CONFIGFILE" --config "$CORPUS"
 }
 # The data that must be identical on every machine (stats.json and spm.json name local paths and
 # times: the first piece's copies come back with the state).
@@ -163,7 +164,11 @@ run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points 
   mapfile -t entries < <(printf '%s\n' "${TARGETS[@]}" | grep '^point:' | sort -k2,2nr)
   for ((g = 0; g < STUDY_GPUS; g++)); do
     (
-      export CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1
+      # --nolock: Snakemake (9.27) ends a run by deleting the whole .snakemake/locks folder, so
+      # one GPU's Snakemake ending took the folder from under another's starting one
+      # (FileNotFoundError on 0.input.lock: llama_1b_4096 failed at 6 of 7 techniques on 4 H100s,
+      # 2026-11-28). The claims below keep the GPUs' targets apart; the data is built before.
+      export CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1 SMK_NOLOCK=1
       for entry in "${entries[@]}"; do
         read -r target est <<< "$entry"
         [[ -z "${STUDY_ONLY:-}" || "$target" =~ $STUDY_ONLY ]] || continue
