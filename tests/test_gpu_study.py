@@ -91,6 +91,7 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
     gpu_study(wd, "start", "1000", STUDY_GPUS="2")
     log = gpu_study(wd, "wait", "600")
     assert "== piece finished" in log and "FAILED" not in log, log
+    assert "logs/study-run-gpu1.log: 1 techniques done; 0 errors" in log, log
     runs = re.findall(r"== gpu (\d): point:(\S+) \(", log)
     assert sorted(point for _, point in runs) == ["a_32", "b_32"], log  # each point once
     for gpu, point in runs:  # its searches and cell in that GPU's Snakemake
@@ -100,6 +101,14 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
         commands = re.findall(r"Command: (.*)", own)
         assert commands and all("--nolock" in c for c in commands), commands
         assert (wd / f"results/map/{point}/cells/baseline/max.json").exists()
+    # `wait` counts each GPU's errors: a Python exception's last line, as a failed Snakemake
+    # start printed it on 4 H100s (2026-11-28), and Snakemake's own
+    with open(wd / "logs/study-run-gpu0.log", "a") as f:
+        f.write(
+            "FileNotFoundError: [Errno 2] No such file or directory: '.snakemake/locks/0.input.lock'\n"
+        )
+        f.write("Error in rule map_cell:\n")
+    assert "logs/study-run-gpu0.log: 1 techniques done; 2 errors" in gpu_study(wd, "wait", "5")
     # A machine lost mid-cell: `save` (STUDY_CONFIG unset: the config `start` recorded) leaves
     # out the point that is not whole, so it runs again, whole, on one GPU.
     (wd / "results/map/a_32/cells/baseline/max.json").unlink()

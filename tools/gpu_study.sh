@@ -111,6 +111,10 @@ SAME="data/corpus/train.jsonl data/corpus/val.jsonl data/tokenizer/spm.model dat
   data/tokens/val.bin data/tokens/meta.json"
 DATA="$SAME data/corpus/stats.json data/tokenizer/spm.json"
 
+# A log line that reports an error: Snakemake's "Error in rule ...", a Python exception's last
+# line ("FileNotFoundError: ...", "torch.OutOfMemoryError: ...")
+ERRORS='^([A-Za-z_.]*(Error|Exception)\b|Error in rule)'
+
 target_files() {  # one line per Snakemake call (run_files)
   if [[ "$1" == point:* ]]; then  # a map point: each technique's search and cell, in turn
     python3 -c "import yaml; p='${1#point:}'; print(*(f'results/map/{p}/search/{t}.json results/map/{p}/cells/{t}/max.json' for t in yaml.safe_load(open('$CONFIGFILE'))['techniques']), sep='\n')"
@@ -178,7 +182,8 @@ run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points 
         files=$(target_files "$target")
         smk -n $files 2>&1 | grep -q "Nothing to be done" && continue
         echo "== gpu $g: $target (estimate ${est}s, ${left}s left) at $(date -u +%T)"
-        run_files "$files" >> "logs/study-run-gpu$g.log" 2>&1 || echo "== gpu $g: $target FAILED"
+        run_files "$files" >> "logs/study-run-gpu$g.log" 2>&1 \
+          || echo "== gpu $g: $target FAILED: $(grep -E "$ERRORS" "logs/study-run-gpu$g.log" | tail -1)"
         echo "== gpu $g: $target ended at $(date -u +%T)"
       done
     ) &
@@ -259,7 +264,7 @@ case ${1:-} in
       [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned || run=run_parallel
     fi
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE); $(declare -f smk target_files run_files run_targets run_pinned all_exist run_parallel); $run $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE ERRORS); $(declare -f smk target_files run_files run_targets run_pinned all_exist run_parallel); $run $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
@@ -272,7 +277,7 @@ case ${1:-} in
     done
     awk '/^== piece start/ {buf = ""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$RUNLOG" | grep -E "^== |steps \(|Error|error" | tail -40
     for log in logs/study-run-gpu*.log; do  # a map study on several GPUs: each GPU's Snakemake
-      [ -f "$log" ] && echo "$log: $(grep -c "steps (100%)" "$log") techniques done; $(grep -ciE "^(Error|.*Exception)" "$log") errors"
+      [ -f "$log" ] && echo "$log: $(grep -c "steps (100%)" "$log") techniques done; $(grep -cE "$ERRORS" "$log") errors"
     done
     echo "cells done: $(find results/cells results/map -path '*cells*' -name '*.json' 2>/dev/null | wc -l)," \
       "quality runs done: $(find results/quality -name '*.json' 2>/dev/null | wc -l)"
