@@ -23,8 +23,10 @@ phase is its own resource. The search:
 3. once the crossing is within a step of the last fit, tries the next batch up (then 1, 2, 4
    steps: a curve that bends down keeps saying "this is the boundary");
 4. inside a bracket (a fit below a miss), aims at the crossing, a little below it; walks down
-   from the miss in doubling steps when the miss refuted the line; bisects when two trials did
-   not shrink the bracket four times (so the worst case is bisection).
+   from the miss in doubling steps when the miss refuted the line (near the boundary, right
+   after the line's own aim: 1, then 2 below it, the batch or two that fragmentation past the
+   allocator's slack costs); bisects when two trials did not shrink the bracket four times (so
+   the worst case is bisection).
 
 On synthetic curves (linear, with a small-batch bend, mildly convex or concave, with allocator
 rounding and jitter; maxima 1 to 20,000 on an 80 GB card) it proves the maximum in at most 8
@@ -227,6 +229,12 @@ def _inside(crossing: float, lo: int, hi: int, rel_error: float, walk: int, widt
     middle = lo + (hi - lo) // 2
     if crossing < lo + 1:
         return lo + 1, walk
+    if crossing >= hi and hi - lo <= SMALL_BRACKET and walk in (0, -1):
+        # Refuted near the boundary right after the line's own aim (walk 0): down from the
+        # miss by 1, then 2, as fragmentation past the allocator's slack costs a batch or two
+        # (the map's llama_1b_1024 `ckpt_offload`: the line said 431, which ran out of memory
+        # with 351 MiB reserved but unallocated; 430 fit); then bisection, below
+        return max(middle, hi - 1 + walk), walk - 1
     if len(widths) >= 3 and widths[-1] * 4 > widths[-3]:
         return middle, walk
     if crossing >= hi and hi - lo <= SMALL_BRACKET:
@@ -234,4 +242,4 @@ def _inside(crossing: float, lo: int, hi: int, rel_error: float, walk: int, widt
     if crossing >= hi:  # the miss refuted the line: walk down from it in doubling steps
         walk = 2 * walk if walk < 0 else -max(1, (hi - lo) // WALK_FRACTION)
         return max(middle, hi + walk), walk
-    return int(crossing - 0.5 * rel_error * (crossing - lo)), walk
+    return int(crossing - 0.5 * rel_error * (crossing - lo)), 0  # the line's own aim
