@@ -233,12 +233,14 @@ def test_the_shipped_speed_points_are_the_studies_cells(tmp_path):
     import subprocess
     import sys
 
-    out = tmp_path / "points.json"
-    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--write-points", str(out)],
+    out, summary = tmp_path / "points.json", tmp_path / "summary.md"
+    proc = subprocess.run([sys.executable, "tools/plan_check.py", "--write-points", str(out),
+                           "--summary", str(summary)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     shipped = ROOT / "src" / "memopt" / "plan" / "speed_points.json"
     assert json.loads(out.read_text()) == json.loads(shipped.read_text())
+    assert "| tokens/s, one per configuration |" in summary.read_text()  # the same call's too
 
 
 def test_the_readmes_prediction_table_is_the_tools(tmp_path):

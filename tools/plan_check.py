@@ -205,7 +205,8 @@ def run(args, map_dir: Path | None) -> None:
             f"{args.write_points}: {len(points)} tokens/s points; leave-one-out, per "
             f"configuration: " + "; ".join(f"{gpu} {_stats(e)}" for gpu, e in errors.items())
         )
-        return
+        if not (args.out or args.summary or args.figure):  # else those too, in the same call
+            return
     points = []
     for folder in args.study:
         points += study_points(folder, folder / "config.yaml", folder.name)
