@@ -181,11 +181,13 @@ def _from_below(test, ceiling, limits, state, first, bound, large_first=False, s
     if k >= 1 and not run(k) and k > 1:
         run(1)
     rel_error, walk, walks, widths, first_guess = REL_ERROR_START, 0, 0, [], None
+    down = None  # batches walked down since the line's own aim missed (None: it did not)
     while lo > 0 and lo < ceiling and (hi is None or hi - lo > 1):
         exact = None if bound is None else bound(fits)  # once per trial: it may search
         crossing = predicted_boundary(fits, limits, state, lambda _, e=exact: e)
         if first_guess is None and len(fits) >= 2:
             first_guess = crossing
+        on_miss = None  # what `down` becomes if this aim misses
         if crossing is None:  # nothing grows with the batch: double, or bisect
             aim = 2 * lo if hi is None else lo + (hi - lo) // 2
         elif hi is None and exact is not None and exact + 0.5 == crossing and exact > lo:
@@ -194,11 +196,13 @@ def _from_below(test, ceiling, limits, state, first, bound, large_first=False, s
             aim, walk, walks = _approach(
                 crossing, lo, len(fits), rel_error, walk, walks, large_first
             )
+            on_miss = 0
         else:
             widths.append(hi - lo)
-            aim, walk = _inside(crossing, lo, hi, rel_error, walk, widths)
+            aim, walk, on_miss = _inside(crossing, lo, hi, rel_error, walk, widths, down)
         aim = max(lo + 1, min(aim, ceiling if hi is None else hi - 1))
         start, fitted = lo, run(aim)
+        down = None if fitted else on_miss
         if crossing is None or crossing - start < 1:
             continue
         if fitted:  # how far the crossing moved, relative to how far it was extrapolated
@@ -224,22 +228,23 @@ def _approach(crossing, lo, n_fits, rel_error, walk, walks, large_first=False):
     return int(crossing - margin), 0, 0
 
 
-def _inside(crossing: float, lo: int, hi: int, rel_error: float, walk: int, widths: list):
-    """The next aim inside the bracket lo < k < hi: (aim, walk)."""
+def _inside(crossing, lo, hi, rel_error, walk, widths, down=None):
+    """The next aim inside the bracket lo < k < hi: (aim, walk, what `down` becomes if it
+    misses: 0 for the line's own aim, None for none)."""
     middle = lo + (hi - lo) // 2
     if crossing < lo + 1:
-        return lo + 1, walk
-    if crossing >= hi and hi - lo <= SMALL_BRACKET and walk in (0, -1):
-        # Refuted near the boundary right after the line's own aim (walk 0): down from the
+        return lo + 1, walk, None
+    if crossing >= hi and hi - lo <= SMALL_BRACKET and down is not None and down < 2:
+        # Refuted near the boundary right after the line's own aim missed: down from that
         # miss by 1, then 2, as fragmentation past the allocator's slack costs a batch or two
         # (the map's llama_1b_1024 `ckpt_offload`: the line said 431, which ran out of memory
-        # with 351 MiB reserved but unallocated; 430 fit); then bisection, below
-        return max(middle, hi - 1 + walk), walk - 1
+        # with 351 MiB reserved but unallocated; 430 fit); then as below
+        return max(middle, hi - 1 - down), walk, down + 1
     if len(widths) >= 3 and widths[-1] * 4 > widths[-3]:
-        return middle, walk
+        return middle, walk, None
     if crossing >= hi and hi - lo <= SMALL_BRACKET:
-        return middle, walk  # refuted near the boundary (a staircase, rounding): bisect
+        return middle, walk, None  # refuted near the boundary (a staircase, rounding): bisect
     if crossing >= hi:  # the miss refuted the line: walk down from it in doubling steps
         walk = 2 * walk if walk < 0 else -max(1, (hi - lo) // WALK_FRACTION)
-        return max(middle, hi + walk), walk
-    return int(crossing - 0.5 * rel_error * (crossing - lo)), 0  # the line's own aim
+        return max(middle, hi + walk), walk, None
+    return int(crossing - 0.5 * rel_error * (crossing - lo)), walk, 0  # the line's own aim
