@@ -197,12 +197,13 @@ def main() -> None:
 
 
 def run(args, map_dir: Path | None) -> None:
+    # the tokens/s points, read once for --write-points, --summary and --figure
+    speed = speed_points(map_dir) if args.write_points or args.summary or args.figure else None
     if args.write_points:
-        points = speed_points(map_dir)
-        args.write_points.write_text(json.dumps({"points": points}, indent=1) + "\n")
-        errors = speed_errors(points)
+        args.write_points.write_text(json.dumps({"points": speed}, indent=1) + "\n")
+        errors = speed_errors(speed)
         print(
-            f"{args.write_points}: {len(points)} tokens/s points; leave-one-out, per "
+            f"{args.write_points}: {len(speed)} tokens/s points; leave-one-out, per "
             f"configuration: " + "; ".join(f"{gpu} {_stats(e)}" for gpu, e in errors.items())
         )
         if not (args.out or args.summary or args.figure):  # else those too, in the same call
@@ -224,12 +225,10 @@ def run(args, map_dir: Path | None) -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-    if args.summary or args.figure:
-        speed = speed_points(map_dir)
-        if args.summary:
-            args.summary.write_text(summary(points, rows, speed) + "\n")
-        if args.figure:
-            figure(points, rows, speed, args.figure)
+    if args.summary:
+        args.summary.write_text(summary(points, rows, speed) + "\n")
+    if args.figure:
+        figure(points, rows, speed, args.figure)
 
 
 if __name__ == "__main__":

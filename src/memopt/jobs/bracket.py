@@ -234,7 +234,8 @@ def _inside(crossing, lo, hi, rel_error, walk, widths, down=None):
     middle = lo + (hi - lo) // 2
     if crossing < lo + 1:
         return lo + 1, walk, None
-    if crossing >= hi and hi - lo <= SMALL_BRACKET and down is not None and down < 2:
+    refuted_near = crossing >= hi and hi - lo <= SMALL_BRACKET  # near the boundary
+    if refuted_near and down is not None and down < 2:
         # Refuted near the boundary right after the line's own aim missed: down from that
         # miss by 1, then 2, as fragmentation past the allocator's slack costs a batch or two
         # (the map's llama_1b_1024 `ckpt_offload`: the line said 431, which ran out of memory
@@ -242,8 +243,8 @@ def _inside(crossing, lo, hi, rel_error, walk, widths, down=None):
         return max(middle, hi - 1 - down), walk, down + 1
     if len(widths) >= 3 and widths[-1] * 4 > widths[-3]:
         return middle, walk, None
-    if crossing >= hi and hi - lo <= SMALL_BRACKET:
-        return middle, walk, None  # refuted near the boundary (a staircase, rounding): bisect
+    if refuted_near:
+        return middle, walk, None  # (a staircase, rounding): bisect
     if crossing >= hi:  # the miss refuted the line: walk down from it in doubling steps
         walk = 2 * walk if walk < 0 else -max(1, (hi - lo) // WALK_FRACTION)
         return max(middle, hi + walk), walk, None
