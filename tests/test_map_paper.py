@@ -282,7 +282,11 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     assert "`offload` trains the most tokens per step at every point, 4.0× as many as BF16 " \
            "`flash` where that fits a batch, at 4.00× `flash`'s tokens/s (each at its own " \
            "maximum)." in abstract  # fmt: skip
-    assert "stopped the batch, so the GPU alone would allow at least as many." in abstract
+    assert "stopped the batch, so there it bounds what the GPU's memory allows only from below." \
+        in abstract  # fmt: skip
+    # "B + 1 does not" says which limits refuse it: the slack's and the host's as well as memory
+    assert "and B + 1 does not: it runs out of memory, its peak comes within 256 MiB of the " \
+           "budget or its pinned host memory would pass the host's share)" in abstract  # fmt: skip
     # techniques that pay in the same places are named together
     assert "A technique pays where it trains at least 1.10× `flash`'s tokens per step: " \
            "`window` from 64 tokens on all 3 models; `offload` at every point." in abstract  # fmt: skip

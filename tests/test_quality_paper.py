@@ -14,6 +14,7 @@ from synthetic_study import CONFIG, QUALITY_LOSS, TEMPLATES, md_table
 from memopt.config import validate_config
 from memopt.errors import ConfigError
 from memopt.report.paper import render_paper
+from memopt.report.paper_format import make_environment
 
 
 def render_quality(study, tmp_path):
@@ -45,7 +46,11 @@ def test_the_quality_paper_leads_with_the_verdicts_and_leaves_out_the_timing(pap
     assert "`bf16_w128` is worse by 0.205 nats" in text
     assert "`bf16` cannot be told from `fp32` with 2 paired seeds" in text
     assert "No function is shown equivalent" in text
-    assert "cannot be told from `fp32`: their 95% intervals reach up to (" in text
+    assert "cannot be told from `fp32`: their 95% intervals hold 0 and reach up to " in text
+    assert (
+        "so a cost that large is not ruled out, nor is none" in text
+        and "include no cost" not in text
+    )
 
 
 def test_what_the_runs_took_and_where_they_ran(paper_study, tmp_path):
@@ -145,3 +150,33 @@ def test_table_numbers_follow_the_tables_a_study_has_and_a_diverged_control_rend
     assert "(with a positive control)" in text.splitlines()[0]
     assert "`bf16_lr0.5` diverged (seed 1235): its harm is plain" in text
     assert "`bf16_lr0.5`: diverged (seed 1235);" not in text  # a control: not among the answers
+
+
+def _says(rows):
+    env = make_environment(TEMPLATES, False)
+    quality = {"rows": rows, "reference_function": "fp32", "margin": 0.02}
+    return env.get_template("_quality_says.md.j2").render(
+        story={"bitwise_identical": []}, quality=quality, exactness={"rows": []}, exactness_table=1
+    )
+
+
+def _inconclusive(function, n, lo, hi, mdd):
+    paired = {"n": n, "lo": lo, "hi": hi, "mdd": mdd}
+    return {"function": function, "verdict": "inconclusive", "control": False,
+            "val_loss": {"n": n}, "paired": paired}  # fmt: skip
+
+
+def test_inconclusive_functions_with_the_same_seeds_share_one_sentence():
+    """Several functions the seeds cannot tell from the reference: one sentence, each function's
+    interval and minimum detectable difference in it, in order; seeds that differ keep theirs."""
+    text = _says([_inconclusive("tf32", 2, -0.095, 0.096, 0.106),
+                  _inconclusive("bf16", 2, -0.054, 0.046, 0.055)])  # fmt: skip
+    assert text.count("cannot be told from `fp32`") == 1
+    assert (
+        "`tf32` and `bf16` cannot be told from `fp32` with 2 paired seeds each: every 95% interval"
+        " of the difference holds 0 and reaches past ±0.020 nats (`tf32` -0.095 to 0.096, `bf16`"
+        " -0.054 to 0.046), and differences smaller than roughly 0.106 and 0.055 nats in that order"
+    ) in text
+    text = _says([_inconclusive("tf32", 2, -0.095, 0.096, 0.106),
+                  _inconclusive("bf16", 3, -0.054, 0.046, 0.055)])  # fmt: skip
+    assert text.count("cannot be told from `fp32`") == 2 and "with 3 paired seeds:" in text
