@@ -62,6 +62,11 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     limits = md.split("## 7 Limitations")[1].split("## 8 ")[0]  # no guess the map measures
     assert "hold at this point only; the map study (Results across the map) measures" in limits
     assert "not measured here" not in limits and "quadratically" not in md
+    conclusion = md.split("## 8 Conclusion")[1]  # its answer scoped to this point
+    assert (
+        "for this model at 64 tokens (other sizes and lengths: Results across the map):"
+        in conclusion
+    )
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"
     assert rows["`bf16`"]["Δ val loss"] == "0.015 [-0.049, 0.079]"  # 0.01 and 0.02 over 2 seeds
     assert "`bf16_w128` is worse by 0.205 nats" in md.split("## 5 Quality")[1]
@@ -84,6 +89,7 @@ def test_no_links_no_sections_and_a_wrong_folder_is_named(paper_study, tmp_path)
     assert "## 3 Results\n" in md and "across the map" not in md and "## 4 Discussion" in md
     limits = md.split("## 5 Limitations")[1].split("## 6 ")[0]
     assert "size and the length is not measured here (memopt's map study" in limits
+    assert "for this model at 64 tokens:" in md.split("## 6 Conclusion")[1]
     main_md, main_tex = md.split("## Reproducibility")[0], tex.split("\\appendix")[0]
     for name in ("throughput", "max_batch", "loss"):  # without links, in the main text
         assert f"figures/{name}.png)" in main_md and f"/{name}.pdf}}" in main_tex
