@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jinja2
 
-from memopt.report.paper_analysis import batch_change, logits_step
+from memopt.report.paper_analysis import batch_change, break_even_tokens, logits_step
 from memopt.report.paper_format import md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
 from memopt.report.paper_tables_effects import retry_cost
@@ -206,7 +206,8 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
     """Per compiled technique with an uncompiled twin (the increments table), what the compiled graph stops
     keeping: the activations (logits included) it keeps less than the twin, beside one FP32 copy
     of the logits, which autocast makes for the cross-entropy. `loss_fused`: the two agree within
-    5%, so the saving is that copy and the blocks keep what they kept."""
+    5%, so the saving is that copy and the blocks keep what they kept. `break_even`: the tokens
+    after which its longer warm-up (compilation) is repaid against the twin at this batch."""
     out = []
     vocab = ctx["tokens"]["vocab_size"]
     for r in ctx["increments"]:
@@ -219,7 +220,7 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
         copy = logits_fp32_mib(c, {**ctx["model"], "vocab": vocab})
         out.append(
             {"technique": r["technique"], "over": r["over"], "less_mib": less, "copy_mib": copy,
-             "loss_fused": abs(less - copy) <= 0.05 * copy}
+             "loss_fused": abs(less - copy) <= 0.05 * copy, "break_even": break_even_tokens(c, twin)}
         )  # fmt: skip
     return out
 
