@@ -132,11 +132,17 @@ def _compiles(row: dict, same: dict[str, dict]) -> bool:
 
 
 def _by_knob(increments: list[dict], same: dict[str, dict]) -> dict[str, list[dict]]:
-    """The single-knob changes by group; compile's only where compilation is turned on."""
+    """The single-knob changes by group; compile's only where compilation is turned on, each with
+    `break_even`: the tokens after which its longer warm-up (compilation) is repaid against the
+    uncompiled twin at this batch (None where not)."""
     out: dict[str, list[dict]] = {}
     for row in increments:
-        if row["knob"] != "compile" or _compiles(row, same):
+        if row["knob"] != "compile":
             out.setdefault(row["knob"], []).append(row)
+        elif _compiles(row, same):
+            twin = same.get(row["over"])
+            even = break_even_tokens(same[row["technique"]], twin) if twin else None
+            out.setdefault("compile", []).append({**row, "break_even": even})
     return out
 
 
@@ -206,8 +212,7 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
     """Per compiled technique with an uncompiled twin (the increments table), what the compiled graph stops
     keeping: the activations (logits included) it keeps less than the twin, beside one FP32 copy
     of the logits, which autocast makes for the cross-entropy. `loss_fused`: the two agree within
-    5%, so the saving is that copy and the blocks keep what they kept. `break_even`: the tokens
-    after which its longer warm-up (compilation) is repaid against the twin at this batch."""
+    5%, so the saving is that copy and the blocks keep what they kept."""
     out = []
     vocab = ctx["tokens"]["vocab_size"]
     for r in ctx["increments"]:
@@ -220,7 +225,7 @@ def _compile_saving(ctx: dict, same: dict[str, dict]) -> list[dict]:
         copy = logits_fp32_mib(c, {**ctx["model"], "vocab": vocab})
         out.append(
             {"technique": r["technique"], "over": r["over"], "less_mib": less, "copy_mib": copy,
-             "loss_fused": abs(less - copy) <= 0.05 * copy, "break_even": break_even_tokens(c, twin)}
+             "loss_fused": abs(less - copy) <= 0.05 * copy}
         )  # fmt: skip
     return out
 
