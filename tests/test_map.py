@@ -206,7 +206,13 @@ def test_where_each_technique_starts_to_pay_is_computed():
 
 
 def test_map_figures_draw_every_technique_and_mark_none_fits():
-    from memopt.report.map_figures import memory_shares, tokens_by_length, tokens_by_size
+    from memopt.report.map_figures import (
+        DODGE,
+        dodged,
+        memory_shares,
+        tokens_by_length,
+        tokens_by_size,
+    )
 
     table = synthetic_map()
     size = tokens_by_size(table)
@@ -216,6 +222,17 @@ def test_map_figures_draw_every_technique_and_mark_none_fits():
     big = length.axes[2]
     crosses = [line for line in big.lines if line.get_marker() == "x" and len(line.get_xdata())]
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [16384]  # FP32 at 16,384
+    # the cross sits on the x axis (the axes' floor), not at a made-up value of the log scale
+    length.draw_without_rendering()
+    at = crosses[0].get_transform().transform((16384, 0))[1]
+    assert at == pytest.approx(big.transAxes.transform((0, 0))[1]) and not crosses[0].get_clip_on()
+    # lines on each other are set apart sideways: at gpt2 flash and window512 train the same
+    # maximum and adamw8bit 2% more (one group of three); at big adamw8bit trains 30% more
+    order = ["flash", "window512", "adamw8bit", "fp32"]
+    assert dodged(table[table["model"] == "gpt2"], "seq_len", order) == {
+        "flash": -DODGE, "window512": 0.0, "adamw8bit": DODGE, "fp32": 0.0}  # fmt: skip
+    assert dodged(table[table["model"] == "big"], "seq_len", order) == {
+        "flash": -DODGE / 2, "window512": DODGE / 2, "adamw8bit": 0.0, "fp32": 0.0}  # fmt: skip
     # the legend sits below the panels, over no axis; each technique has its own line style,
     # so techniques with the same maxima (lines on each other) stay visible; the x ticks are
     # the measured lengths

@@ -67,6 +67,12 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
         "for this model at 64 tokens (other sizes and lengths: Results across the map):"
         in conclusion
     )
+    # one noise rule, said: the map's speed thresholds are its own, and Method says so
+    assert "everywhere in this paper but Results across the map (its own rule, said there)" in md
+    assert "everywhere in this paper but Results across the map" in tex
+    assert "this paper's within-noise rule (Method) would not do here, since a cell's 95% " \
+           "interval covers one run's steps, not another run's retries." in section  # fmt: skip
+    assert "(the map study's Limitations)" in section and "(Limitations)" not in section
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"
     assert rows["`bf16`"]["Δ val loss"] == "0.015 [-0.049, 0.079]"  # 0.01 and 0.02 over 2 seeds
     assert "`bf16_w128` is worse by 0.205 nats" in md.split("## 5 Quality")[1]
@@ -87,6 +93,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
 def test_no_links_no_sections_and_a_wrong_folder_is_named(paper_study, tmp_path):
     md, tex = render_linked(paper_study, None, tmp_path / "plain", {})
     assert "## 3 Results\n" in md and "across the map" not in md and "## 4 Discussion" in md
+    assert "of each other, everywhere in this paper, when" in md
     limits = md.split("## 5 Limitations")[1].split("## 6 ")[0]
     assert "size and the length is not measured here (memopt's map study" in limits
     assert "for this model at 64 tokens:" in md.split("## 6 Conclusion")[1]

@@ -148,10 +148,12 @@ def speed_summary(findings: dict) -> list[dict]:
 
 
 def budget_spread(search_paths, searches: list[dict], rows: list[dict], reference: str):
-    """The widest spread of the searches' budgets at one point, in MiB and in the reference's
-    sequences there (its fit's memory per sequence): {mib, n, point}, or None. A search's budget is what the GPU
-    had free when it began, so two searches at one point can differ by this much for no reason
-    of their techniques."""
+    """The widest spread of the searches' budgets at one point, in MiB (`mib`), and the point
+    where a spread is most of the reference's sequences (its fit's memory per sequence), the worst
+    case for telling two techniques' maxima apart: {mib, n, point, point_mib, one_apart (the
+    techniques whose maximum there is one sequence from the reference's)}, or None. A search's
+    budget is what the GPU had free when it began, so two searches at one point can differ by this
+    much for no reason of their techniques."""
     budgets: dict = {}
     for path, s in zip(search_paths, searches):
         if s.get("budget_mib"):
@@ -161,8 +163,16 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     spreads = [(max(b) - min(b), p) for p, b in budgets.items() if p in per_seq]
     if not spreads:
         return None
-    mib, point = max(spreads)
-    return {"mib": mib, "n": mib / per_seq[point], "point": point} if mib > 0 else None
+    mib = max(m for m, _ in spreads)
+    worst, point = max((m / per_seq[p], p) for m, p in spreads)
+    if mib <= 0:
+        return None
+    ref = next(r["max_batch"] for r in rows if r["point"] == point and r["technique"] == reference)
+    # techniques one sequence from the reference there: a difference the budget alone can make
+    near = [r["technique"] for r in rows if r["point"] == point and r["technique"] != reference
+            and r["max_batch"] and abs(r["max_batch"] - ref) == 1]  # fmt: skip
+    return {"mib": mib, "n": worst, "point": point, "point_mib": worst * per_seq[point],
+            "one_apart": near}  # fmt: skip
 
 
 def where_run(rows: list[dict]) -> dict:

@@ -2,7 +2,7 @@
 
 Figures: the maximum tokens per step against model size (one panel per length) and against
 length (one panel per model), one line per technique, out of memory at batch 1 drawn as a cross
-on the floor, never as a zero; and the share of memory by kind at each point (weights, gradients,
+on the x axis, never as a value; and the share of memory by kind at each point (weights, gradients,
 optimizer state, activations, logits, the logits' gradient) of one technique at its maximum.
 
 The findings those figures show are computed in memopt.report.map_results (starts_to_pay).
@@ -11,6 +11,7 @@ The findings those figures show are computed in memopt.report.map_results (start
 from __future__ import annotations
 
 from matplotlib.figure import Figure
+from matplotlib.transforms import ScaledTranslation
 
 from memopt.report.figures_style import technique_colors
 from memopt.report.map_results import BREAKDOWN
@@ -25,24 +26,58 @@ def _panels(n: int, width: float = 3.4) -> tuple[Figure, list]:
 
 
 # Lines of techniques that train the same maximum lie on each other: each technique gets its
-# own dash pattern and marker, so every one of them stays visible.
+# own dash pattern and marker, and techniques whose maxima come within CLOSE of each other at
+# some value of a panel are drawn DODGE points apart sideways, so every one of them stays visible.
 STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+CLOSE = 1.05  # maxima within 5% of each other: their markers would cover each other
+DODGE = 4.0  # points between the lines of one such group
+
+
+def dodged(table, x: str, techniques) -> dict[str, float]:
+    """Per technique, its line's sideways offset in points: techniques whose maxima lie within
+    CLOSE of each other at some value of `x` (directly or through another) form a group, spread
+    evenly about 0 in the order given; a technique alone is not moved."""
+    group = {t: {t} for t in techniques}
+    for _, at in table[table["max_tokens"] > 0].groupby(x):
+        values = dict(zip(at["technique"], at["max_tokens"]))
+        for a in values:
+            for b in values:
+                if a != b and max(values[a], values[b]) <= min(values[a], values[b]) * CLOSE:
+                    merged = group[a] | group[b]
+                    for t in merged:
+                        group[t] = merged
+    out = {}
+    for t in techniques:
+        members = [m for m in techniques if m in group[t]]
+        out[t] = (members.index(t) - (len(members) - 1) / 2) * DODGE
+    return out
 
 
 def _lines(ax, table, x: str, techniques, colors) -> None:
-    """One line per technique over `x`; a point whose batch 1 does not fit as a cross below."""
-    floor = max(1.0, table.loc[table["max_tokens"] > 0, "max_tokens"].min() / 2)
+    """One line per technique over `x`; a point whose batch 1 does not fit as a cross on the x
+    axis (below every value, never at a made-up one on the log scale)."""
+    fig = ax.get_figure()
+    offsets = dodged(table, x, techniques)
     for i, t in enumerate(techniques):
         rows = table[table["technique"] == t].sort_values(x)
         fits = rows[rows["max_tokens"] > 0]
+        shift = ScaledTranslation(offsets[t] / 72, 0, fig.dpi_scale_trans)
         ax.plot(fits[x], fits["max_tokens"], marker=MARKERS[i % len(MARKERS)], ms=4, lw=1.2,
-                ls=STYLES[i % len(STYLES)], color=colors[t], label=t, mfc="none")  # fmt: skip
+                ls=STYLES[i % len(STYLES)], color=colors[t], label=t, mfc="none",
+                transform=ax.transData + shift)  # fmt: skip
+        # a shifted line's transform is not the data's, so its values set the limits here
+        ax.update_datalim(list(zip(fits[x], fits["max_tokens"])))
         none = rows[rows["max_tokens"] == 0]
-        ax.plot(none[x], [floor] * len(none), "x", color=colors[t], ms=6)
+        if len(none):  # (an empty unclipped line would count the figure's corner in the layout)
+            ax.plot(none[x], [0.0] * len(none), "x", color=colors[t], ms=7, mew=1.5, clip_on=False,
+                    transform=ax.get_xaxis_transform() + shift, zorder=5)  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.autoscale_view()
     values = sorted(table[x].unique())  # the measured values, labelled as such
+    if len(values) == 1:  # one value: centred, a factor of 2 either side
+        ax.set_xlim(values[0] / 2, values[0] * 2)
     ax.set_xticks(values, [_short(v) if x == "params" else f"{int(v):,}" for v in values])
     ax.minorticks_off()
     ax.tick_params(axis="x", labelsize=7)
@@ -72,7 +107,7 @@ def tokens_by_size(table) -> Figure:
         _lines(ax, llama[llama["seq_len"] == n], "params", techniques, colors)
         ax.set_title(f"{n:,} tokens", fontsize=9)
         ax.set_xlabel("parameters")
-    axes[0].set_ylabel("max tokens per step (x: none fits)")
+    axes[0].set_ylabel("max tokens per step\n(x on the axis: none fits)")
     _legend_below(fig, axes[0])
     return fig
 
@@ -87,7 +122,7 @@ def tokens_by_length(table) -> Figure:
         _lines(ax, table[table["model"] == m], "seq_len", techniques, colors)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("sequence length")
-    axes[0].set_ylabel("max tokens per step (x: none fits)")
+    axes[0].set_ylabel("max tokens per step\n(x on the axis: none fits)")
     _legend_below(fig, axes[0])
     return fig
 

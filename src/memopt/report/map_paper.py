@@ -22,6 +22,7 @@ from memopt.report.map_analysis import (
     speed_summary,
     where_run,
 )
+from memopt.report.map_figures import CLOSE
 from memopt.report.map_results import (
     BREAKDOWN,
     LIMIT_MARKS,
@@ -87,12 +88,18 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
                      "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None,
                      # its tokens/s over the reference's, each at its own maximum (both timed)
                      "speed": next((r["tokens_per_s"] / ref["tokens_per_s"] for r in tied
-                                    if was_timed(r) and was_timed(ref)), None)})  # fmt: skip
+                                    if was_timed(r) and was_timed(ref)), None),
+                     "ref_retried": was_timed(ref) and retried(ref)})  # fmt: skip
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
     speeds = [b["speed"] for b in best if b["speed"] is not None]
+
+    def ratio_range(host: bool):  # the best's ratios where the host's memory stopped it, or not
+        r = [b["ratio"] for b in best if b["ratio"] is not None and b["host"] == host]
+        return {"min": min(r), "max": max(r)} if r else None
+
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -118,6 +125,11 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "ties": any(len(b["techniques"]) > 1 for b in best), "bound": any(b["bound"] for b in best),
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
         "best_speed": {"min": min(speeds), "max": max(speeds)} if speeds else None,
+        # where some best maxima are the host's and some the GPU's, their ratios apart
+        "best_split": {"gpu": ratio_range(False), "host": ratio_range(True)}
+        if ratio_range(False) and ratio_range(True) else None,
+        # the points of best_speed whose reference cell retried cudaMalloc (a noisier denominator)
+        "speed_ref_retried": [b["point"] for b in best if b["speed"] is not None and b["ref_retried"]],
         "reference_precision": config["techniques"][reference]["precision"].upper(),
         "findings": [
             {"technique": t, "length": pay_groups(f, "length"), "size": pay_groups(f, "size"),
@@ -127,7 +139,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "shares": share_ranges(rows, reference),
         "speed": speed_summary(findings), "speed_clear": findings.get("speed_clear"),
         "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
-        "n_kinds": len(BREAKDOWN),
+        "n_kinds": len(BREAKDOWN), "dodge": CLOSE - 1,
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "scores": kept_scores(rows, models, specs),
         "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
