@@ -206,8 +206,11 @@ def test_where_each_technique_starts_to_pay_is_computed():
 
 
 def test_map_figures_draw_every_technique_and_mark_none_fits():
+    import io
+
     from memopt.report.map_figures import (
         DODGE,
+        FLOOR,
         dodged,
         memory_shares,
         tokens_by_length,
@@ -233,6 +236,23 @@ def test_map_figures_draw_every_technique_and_mark_none_fits():
         "flash": -DODGE, "window512": 0.0, "adamw8bit": DODGE, "fp32": 0.0}  # fmt: skip
     assert dodged(table[table["model"] == "big"], "seq_len", order) == {
         "flash": -DODGE / 2, "window512": DODGE / 2, "adamw8bit": 0.0, "fp32": 0.0}  # fmt: skip
+    # ... as drawn: flash's and window512's markers at gpt2's 1,024 tokens, DODGE points apart
+    gpt2 = length.axes[0]
+    drawn = {ln.get_label(): ln.get_transform().transform((1024, 1))[0] for ln in gpt2.lines
+             if ln.get_label() in order}  # fmt: skip
+    assert drawn["window512"] - drawn["flash"] == pytest.approx(DODGE * length.dpi / 72)
+    # the y axis starts well below the lowest maximum, so a cross is not read as a value
+    low = table.loc[table["max_tokens"] > 0, "max_tokens"].min()
+    assert big.get_ylim()[0] == pytest.approx(low / FLOOR)
+    # two techniques that fit nothing at one length: their crosses set apart too; a figure
+    # where nothing fits still draws
+    none = table.copy()
+    none.loc[(none["point"] == "big_16384") & (none["technique"] == "flash"), "max_tokens"] = 0
+    offsets = dodged(none[none["model"] == "big"], "seq_len", order)
+    assert offsets["flash"] != offsets["fp32"]
+    none["max_tokens"] = 0
+    for draw in (tokens_by_length, tokens_by_size):
+        draw(none).savefig(io.BytesIO(), format="png")
     # the legend sits below the panels, over no axis; each technique has its own line style,
     # so techniques with the same maxima (lines on each other) stay visible; the x ticks are
     # the measured lengths

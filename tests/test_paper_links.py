@@ -70,7 +70,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     # one noise rule, said: the map's speed thresholds are its own, and Method says so
     assert "everywhere in this paper but Results across the map (its own rule, said there)" in md
     assert "everywhere in this paper but Results across the map" in tex
-    assert "this paper's within-noise rule (Method) would not do here, since a cell's 95% " \
+    assert "this paper's within-noise rule (Method) does not apply here, since a cell's 95% " \
            "interval covers one run's steps, not another run's retries." in section  # fmt: skip
     assert "(the map study's Limitations)" in section and "(Limitations)" not in section
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"

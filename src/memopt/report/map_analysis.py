@@ -6,6 +6,7 @@ memopt.report.map_paper."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from memopt.report.map_results import BREAKDOWN
@@ -150,8 +151,10 @@ def speed_summary(findings: dict) -> list[dict]:
 def budget_spread(search_paths, searches: list[dict], rows: list[dict], reference: str):
     """The widest spread of the searches' budgets at one point, in MiB (`mib`), and the point
     where a spread is most of the reference's sequences (its fit's memory per sequence), the worst
-    case for telling two techniques' maxima apart: {mib, n, point, point_mib, one_apart (the
-    techniques whose maximum there is one sequence from the reference's)}, or None. A search's
+    case for telling two techniques' maxima apart: {mib, n, point, point_mib, sequence_mib (the
+    reference's sequence there), batch (its maximum there), moves (the most sequences that spread
+    can move a maximum by), one_apart ([{technique, batch}] one sequence from the reference's
+    there)}, or None. A search's
     budget is what the GPU had free when it began, so two searches at one point can differ by this
     much for no reason of their techniques."""
     budgets: dict = {}
@@ -169,10 +172,12 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
         return None
     ref = next(r["max_batch"] for r in rows if r["point"] == point and r["technique"] == reference)
     # techniques one sequence from the reference there: a difference the budget alone can make
-    near = [r["technique"] for r in rows if r["point"] == point and r["technique"] != reference
-            and r["max_batch"] and abs(r["max_batch"] - ref) == 1]  # fmt: skip
+    near = [{"technique": r["technique"], "batch": r["max_batch"]} for r in rows
+            if r["point"] == point and r["technique"] != reference and ref and r["max_batch"]
+            and abs(r["max_batch"] - ref) == 1]  # fmt: skip
     return {"mib": mib, "n": worst, "point": point, "point_mib": worst * per_seq[point],
-            "one_apart": near}  # fmt: skip
+            "sequence_mib": per_seq[point], "batch": ref, "one_apart": near,
+            "moves": math.ceil(worst)}  # fmt: skip
 
 
 def where_run(rows: list[dict]) -> dict:

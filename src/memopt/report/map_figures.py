@@ -32,14 +32,15 @@ STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 CLOSE = 1.05  # maxima within 5% of each other: their markers would cover each other
 DODGE = 4.0  # points between the lines of one such group
+FLOOR = 3.0  # the y axis starts this factor below the smallest maximum
 
 
 def dodged(table, x: str, techniques) -> dict[str, float]:
     """Per technique, its line's sideways offset in points: techniques whose maxima lie within
-    CLOSE of each other at some value of `x` (directly or through another) form a group, spread
-    evenly about 0 in the order given; a technique alone is not moved."""
+    CLOSE of each other (or both fit nothing) at some value of `x`, directly or through another,
+    form a group, spread evenly about 0 in the order given; a technique alone is not moved."""
     group = {t: {t} for t in techniques}
-    for _, at in table[table["max_tokens"] > 0].groupby(x):
+    for _, at in table.groupby(x):  # (two that fit nothing there: both 0, one cross on the other)
         values = dict(zip(at["technique"], at["max_tokens"]))
         for a in values:
             for b in values:
@@ -84,6 +85,17 @@ def _lines(ax, table, x: str, techniques, colors) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
+def _floor(ax, table) -> None:
+    """The panels' shared y axis starts a factor FLOOR below the smallest maximum drawn, so a
+    cross on the x axis is not read as a value just under the lowest line (and a figure where
+    nothing fits gets an axis of its own)."""
+    fits = table.loc[table["max_tokens"] > 0, "max_tokens"]
+    if len(fits):
+        ax.set_ylim(bottom=fits.min() / FLOOR)
+    else:
+        ax.set_ylim(1, 10)
+
+
 def _short(params: float) -> str:
     return f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
 
@@ -107,7 +119,8 @@ def tokens_by_size(table) -> Figure:
         _lines(ax, llama[llama["seq_len"] == n], "params", techniques, colors)
         ax.set_title(f"{n:,} tokens", fontsize=9)
         ax.set_xlabel("parameters")
-    axes[0].set_ylabel("max tokens per step\n(x on the axis: none fits)")
+    axes[0].set_ylabel("max tokens per step\n(× on the axis: none fits)")
+    _floor(axes[0], llama)
     _legend_below(fig, axes[0])
     return fig
 
@@ -122,7 +135,8 @@ def tokens_by_length(table) -> Figure:
         _lines(ax, table[table["model"] == m], "seq_len", techniques, colors)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("sequence length")
-    axes[0].set_ylabel("max tokens per step\n(x on the axis: none fits)")
+    axes[0].set_ylabel("max tokens per step\n(× on the axis: none fits)")
+    _floor(axes[0], table)
     _legend_below(fig, axes[0])
     return fig
 

@@ -76,6 +76,14 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     timed = [r for r in rows if r["cell_status"] == "ok"]
     models = _models(config, tokens["vocab_size"])
     specs = {t: config["techniques"][t] for t in techniques}
+
+    def knob(spec, k):  # a knob's value, its default where the spec leaves it out
+        v = spec.get(k)
+        return KNOB_DEFAULTS[k] if v is None else v
+
+    # per technique, the knobs it sets otherwise than the reference ("attention flex")
+    differs = {t: [f"{k} {knob(s, k)}" for k in KNOB_DEFAULTS
+                   if knob(s, k) != knob(specs[reference], k)] for t, s in specs.items()}  # fmt: skip
     best = []  # per point: the techniques with the most tokens per step (ties), against the reference
     for p in points:
         at = [r for r in rows if r["point"] == p]
@@ -85,26 +93,30 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         best.append({"point": p, "techniques": [r["technique"] for r in tied], "tokens": top,
                      "bound": any(r["limit"] in ("data", "cap") for r in tied),  # a lower bound
                      "host": any(r["limit"] == "host" for r in tied),  # the host's, not the GPU's
+                     "gpu": any(r["limit"] == "memory" for r in tied),  # the GPU's memory's
                      "ratio": top / ref["max_tokens"] if ref["max_tokens"] else None,
                      # its tokens/s over the reference's, each at its own maximum (both timed)
                      "speed": next((r["tokens_per_s"] / ref["tokens_per_s"] for r in tied
                                     if was_timed(r) and was_timed(ref)), None),
-                     "ref_retried": was_timed(ref) and retried(ref)})  # fmt: skip
+                     # either cell of that ratio retried cudaMalloc in its timed steps
+                     "retried": any(was_timed(r) and retried(r) for r in [ref, *tied])})  # fmt: skip
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
     speeds = [b["speed"] for b in best if b["speed"] is not None]
 
-    def ratio_range(host: bool):  # the best's ratios where the host's memory stopped it, or not
-        r = [b["ratio"] for b in best if b["ratio"] is not None and b["host"] == host]
+    def ratio_range(
+        kind: str,
+    ):  # the best's ratios where the GPU's memory stopped it, or the host's
+        r = [b["ratio"] for b in best if b["ratio"] is not None and b[kind]]
         return {"min": min(r), "max": max(r)} if r else None
 
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
         "lengths": list(config["map"]["seq_lens"]), "points": points, "techniques": techniques,
-        "specs": specs, "reference": reference,
+        "specs": specs, "differs": differs, "reference": reference,
         "pays_at": findings["pays_at"], "rows": rows,
         "searches": {
             "n": len(rows), "proven": sum(r["search_status"] == "ok" for r in rows),
@@ -126,10 +138,10 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
         "best_speed": {"min": min(speeds), "max": max(speeds)} if speeds else None,
         # where some best maxima are the host's and some the GPU's, their ratios apart
-        "best_split": {"gpu": ratio_range(False), "host": ratio_range(True)}
-        if ratio_range(False) and ratio_range(True) else None,
-        # the points of best_speed whose reference cell retried cudaMalloc (a noisier denominator)
-        "speed_ref_retried": [b["point"] for b in best if b["speed"] is not None and b["ref_retried"]],
+        "best_split": {"gpu": ratio_range("gpu"), "host": ratio_range("host")}
+        if ratio_range("gpu") and ratio_range("host") else None,
+        # the points of best_speed where either cell retried cudaMalloc (a noisier ratio)
+        "speed_retried": [b["point"] for b in best if b["speed"] is not None and b["retried"]],
         "reference_precision": config["techniques"][reference]["precision"].upper(),
         "findings": [
             {"technique": t, "length": pay_groups(f, "length"), "size": pay_groups(f, "size"),
