@@ -116,6 +116,16 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
            "256); dropout, 0.0 (here 0.1), so no point of the map repeats this study's " \
            "measurements." in bridge  # fmt: skip
     assert r"its \texttt{fp32} is this study's \texttt{baseline}" in tex
+    assert "It ran on" not in bridge  # the map's GPU is this study's: nothing to say
+    from memopt.report.paper import _render
+    from memopt.report.paper_format import make_environment
+
+    lm = {"path": "m", "techniques": ["a"], "reference": "a", "same": [], "differs": [],
+          "model": [], "gpu": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    other = _render(make_environment(TEMPLATES, False), "_linked_map.md.j2",
+                    {"linked": {"map": lm}, "baseline": "b", "device": {"name": "NVIDIA H200"}})  # fmt: skip
+    assert other.strip().endswith("It ran on NVIDIA H100 80GB HBM3, not this study's NVIDIA H200: "
+                                  "its maxima and speeds are that GPU's.")  # fmt: skip
     # one named as this study's with other knobs; one the same under another name
     theirs = validate_config({"techniques": {"local128": {**TECHNIQUES["local128"], "window": 16},
                                              "ckpt": TECHNIQUES["flash_gradcp"]},

@@ -75,7 +75,7 @@ def _map(root: Path, templates: Path, render, config: dict) -> dict:
     return {"path": root.as_posix(), "prose": prose, "models": ctx["models"],
             "points": ctx["points"], "figures_dir": root / "paper" / "figures",
             "reference": ctx["reference"], "techniques": ctx["techniques"],
-            **_bridge(config, map_config)}  # fmt: skip
+            "gpu": ctx["device"]["name"], **_bridge(config, map_config)}  # fmt: skip
 
 
 def _quality(root: Path) -> dict:
