@@ -303,8 +303,8 @@ def test_kept_scores_are_measured_per_layer_head_and_pair(rendered):
     findings = (rendered / "paper/paper.md").read_text().split("## 4 Findings")[1]
     assert (
         "**`fp32` keeps the attention scores.** Its memory per token grows with the length, "
-        "by 4.00 bytes per layer, query head and pair of tokens (`llama_s` from 32 to 64 "
-        "tokens: 4.00), against 4 bytes for one FP32 score: about one kept score matrix "
+        "by 4.00 bytes per layer, query head and pair of tokens (from 32 to 64 tokens: "
+        "`llama_s` 4.00), against 4 bytes for one FP32 score: about one kept score matrix "
         "per layer and head.\n\n" in findings
     )  # fmt: skip  (a paragraph of its own)
 
@@ -321,7 +321,7 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     assert "**`fp32`.**" not in findings  # it pays nowhere: one sentence for all such
     # offload pays at every point: one sentence, its range over the points; where it starts is
     # not seen, and not claimed
-    assert "**`offload`.** At every point: 4.0× `flash`'s tokens per step.\n" in findings
+    assert "**At every point.** `offload` trains 4.0× `flash`'s tokens per step.\n" in findings
     assert "from 32 tokens" not in md
     assert "**Nowhere.** `fp32` trains at least 1.10× `flash`'s tokens per step at no length" \
            " and no size measured." in findings  # fmt: skip
@@ -401,8 +401,8 @@ def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path)
     assert "The searches and cells of `llama_s_32` ran on more than one GPU" in md
     assert "allocated peak" not in md  # these searches had no slack: none is said
     # offload pays everywhere, flash fitting nothing at llama_m_64: its range is where flash fits
-    assert "**`offload`.** At every point: 4.0× `flash`'s tokens per step where that fits a " \
-           "batch.\n" in md  # fmt: skip
+    assert "**At every point.** `offload` trains 4.0× `flash`'s tokens per step where that " \
+           "fits a batch.\n" in md  # fmt: skip
     # where a technique pays differently per model, each group is said
     assert "tokens per step: `window` at every length measured on `gpt2_s`, from 64 tokens on " \
            "`llama_s` and `llama_m`; `offload` at every point." in abstract  # fmt: skip
@@ -414,6 +414,10 @@ def test_techniques_that_pay_in_the_same_places_are_named_together(tmp_path):
           "--data", str(tmp_path / "data"), "--out", str(tmp_path / "paper")])  # fmt: skip
     abstract = (tmp_path / "paper/paper.md").read_text().split("## Abstract")[1].split("## 1")[0]
     assert "tokens per step: `window` and `offload` at every point." in abstract
+    # and in one paragraph of the findings, each with its range (flash: none at llama_m_64)
+    findings = (tmp_path / "paper/paper.md").read_text().split("## 4 Findings")[1]
+    assert "**At every point.** `window` trains 4.0× and `offload` 4.0× `flash`'s tokens per " \
+           "step where that fits a batch.\n" in findings  # fmt: skip
 
 
 def test_map_report_prints_the_maxima_and_speeds_of_the_results(rendered):
@@ -450,5 +454,5 @@ def test_a_one_sequence_gain_is_said_to_be_one_sequence(tmp_path):
            "`flash`'s maximum) on all 3 models." in findings  # fmt: skip
     assert (
         "`offload` at every point." in abstract
-        and "**`offload`.** At every point: 4.0×" in findings
+        and "**At every point.** `offload` trains 4.0×" in findings
     )

@@ -40,7 +40,7 @@ def test_markdown_becomes_escaped_latex():
 _ALLOWED = [
     r"(Table|Section|Figure)[~ ]\d+", r"^#+ \d ", r"\d+ bits", r"95\\?%", r"\b1\\?% of",
     r"6·N", r"12·L", r"\$6", r"12\\cdot", r"12 L d", r"\(T \+ 1\)/2", r"1\)/2", r"gpu=1",
-    r"B \+ 1", r"batch 1\b", r"80\\?% power", r"holds? 0\b", r"excludes 0\b", r"below 0\b", r"\[\d+pt\]", r"width=0\.\d+\\linewidth", r"margin=[\d.]+cm", r"\{\d\}\{c\}", r"p\{0\.\d+\\linewidth\}",
+    r"B \+ 1", r"batch 1\b", r"80\\?% power", r"holds? 0\b", r"excludes 0\b", r"below 0\b", r"\[\d+pt\]", r"width=0\.\d+\\linewidth", r"margin=[\d.]+cm", r"\{\d\}\{c\}", r"p\{0\.\d+\\linewidth\}", r"floatpagefraction\}\{0\.\d+\}",
 ]  # fmt: skip
 
 

@@ -124,7 +124,7 @@ def latex(table: Table | None) -> str:
         return ""
     env = "sidewaystable" if table.layout == "sideways" else "table"
     out = [
-        rf"\begin{{{env}}}" + ("" if env == "sidewaystable" else "[ht]"),
+        rf"\begin{{{env}}}" + ("" if env == "sidewaystable" else "[htbp]"),
         rf"\centering\{table.size}",
     ]
     if table.caption:
