@@ -307,6 +307,25 @@ def test_kept_scores_are_measured_per_layer_head_and_pair(rendered):
         "`llama_s` 4.00), against 4 bytes for one FP32 score: about one kept score matrix "
         "per layer and head.\n\n" in findings
     )  # fmt: skip  (a paragraph of its own)
+    # models whose two fits are at different lengths: each model with its own lengths
+    from memopt.report.map_paper import listed, map_context, span
+    from memopt.report.paper import _render
+    from memopt.report.paper_format import make_environment
+
+    cfg = yaml.safe_load((rendered / "config.yaml").read_text())
+    searches = [rendered / "results/map" / p / "search" / f"{t}.json"
+                for p in map_points(cfg) for t in cfg["techniques"]]  # fmt: skip
+    ctx = map_context(pd.read_csv(rendered / "results/map.csv"),
+                      json.loads((rendered / "results/map_findings.json").read_text()), searches,
+                      rendered / "data/corpus/stats.json", rendered / "data/tokens/meta.json", cfg)  # fmt: skip
+    one = {"technique": "fp32", "score_bytes": 4, "about_one": True, "none_fits": []}
+    ctx["scores"] = [{**one, "model": "a", "lengths": [32, 64], "bytes": 4.0},
+                     {**one, "model": "b", "lengths": [64, 128], "bytes": 4.2}]  # fmt: skip
+    env = make_environment(ROOT / "paper" / "templates", False)
+    env.filters.update(span=span, listed=listed)
+    text = _render(env, "map/findings.md.j2", ctx)
+    assert "pair of tokens (`a` from 32 to 64 tokens: 4.00; `b` from 64 to 128 tokens: 4.20)" \
+        in text  # fmt: skip
 
 
 def test_findings_and_abstract_say_what_the_results_compute(rendered):
