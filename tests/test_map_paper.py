@@ -303,7 +303,7 @@ def test_kept_scores_are_measured_per_layer_head_and_pair(rendered):
     findings = (rendered / "paper/paper.md").read_text().split("## 4 Findings")[1]
     assert (
         "**`fp32` keeps the attention scores.** Its memory per token grows with the length, "
-        "by 4.00 bytes per layer, query head and pair of tokens (from 32 to 64 tokens: "
+        "by 4.00 bytes per layer, query head and pair of tokens (measured between 32 and 64 tokens: "
         "`llama_s` 4.00), against 4 bytes for one FP32 score: about one kept score matrix "
         "per layer and head.\n\n" in findings
     )  # fmt: skip  (a paragraph of its own)
@@ -326,6 +326,16 @@ def test_kept_scores_are_measured_per_layer_head_and_pair(rendered):
     text = _render(env, "map/findings.md.j2", ctx)
     assert "pair of tokens (`a` from 32 to 64 tokens: 4.00; `b` from 64 to 128 tokens: 4.20)" \
         in text  # fmt: skip
+    ctx["scores"][1]["lengths"] = [32, 64]  # the same lengths: said once
+    text = _render(env, "map/findings.md.j2", ctx)
+    assert "pair of tokens (measured between 32 and 64 tokens: `a` 4.00, `b` 4.20)" in text
+    # three techniques paying at every point: one sentence, listed
+    every = {"length": [{"from": 32}], "size": [], "everywhere": True, "reference_none": False}
+    ctx["findings"] = [{**every, "technique": t, "ratio_min": 2.0, "ratio_max": r}
+                       for t, r in (("x", 2.0), ("y", 3.0), ("z", 4.5))]  # fmt: skip
+    text = _render(env, "map/findings.md.j2", ctx)
+    assert "**At every point.** Against `flash`'s tokens per step, `x` trains 2.0×, `y` " \
+           "2.0–3.0× and `z` 2.0–4.5×.\n" in text  # fmt: skip
 
 
 def test_findings_and_abstract_say_what_the_results_compute(rendered):
@@ -340,7 +350,10 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     assert "**`fp32`.**" not in findings  # it pays nowhere: one sentence for all such
     # offload pays at every point: one sentence, its range over the points; where it starts is
     # not seen, and not claimed
-    assert "**At every point.** `offload` trains 4.0× `flash`'s tokens per step.\n" in findings
+    assert (
+        "**At every point.** Against `flash`'s tokens per step, `offload` trains 4.0×.\n"
+        in findings
+    )
     assert "from 32 tokens" not in md
     assert "**Nowhere.** `fp32` trains at least 1.10× `flash`'s tokens per step at no length" \
            " and no size measured." in findings  # fmt: skip
@@ -420,8 +433,8 @@ def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path)
     assert "The searches and cells of `llama_s_32` ran on more than one GPU" in md
     assert "allocated peak" not in md  # these searches had no slack: none is said
     # offload pays everywhere, flash fitting nothing at llama_m_64: its range is where flash fits
-    assert "**At every point.** `offload` trains 4.0× `flash`'s tokens per step where that " \
-           "fits a batch.\n" in md  # fmt: skip
+    assert "**At every point.** Against `flash`'s tokens per step where that fits a batch, " \
+           "`offload` trains 4.0×.\n" in md  # fmt: skip
     # where a technique pays differently per model, each group is said
     assert "tokens per step: `window` at every length measured on `gpt2_s`, from 64 tokens on " \
            "`llama_s` and `llama_m`; `offload` at every point." in abstract  # fmt: skip
@@ -435,8 +448,8 @@ def test_techniques_that_pay_in_the_same_places_are_named_together(tmp_path):
     assert "tokens per step: `window` and `offload` at every point." in abstract
     # and in one paragraph of the findings, each with its range (flash: none at llama_m_64)
     findings = (tmp_path / "paper/paper.md").read_text().split("## 4 Findings")[1]
-    assert "**At every point.** `window` trains 4.0× and `offload` 4.0× `flash`'s tokens per " \
-           "step where that fits a batch.\n" in findings  # fmt: skip
+    assert "**At every point.** Against `flash`'s tokens per step where that fits a batch, " \
+           "`window` trains 4.0× and `offload` 4.0×.\n" in findings  # fmt: skip
 
 
 def test_map_report_prints_the_maxima_and_speeds_of_the_results(rendered):
@@ -473,5 +486,6 @@ def test_a_one_sequence_gain_is_said_to_be_one_sequence(tmp_path):
            "`flash`'s maximum) on all 3 models." in findings  # fmt: skip
     assert (
         "`offload` at every point." in abstract
-        and "**At every point.** `offload` trains 4.0×" in findings
+        and "**At every point.** Against `flash`'s tokens per step, `offload` trains 4.0×"
+        in findings
     )

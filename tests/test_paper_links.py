@@ -111,7 +111,7 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
     md, tex = render_linked(paper_study, linked, tmp_path, {"map": str(linked / "map")})
     bridge = md.split("## 4 Results across the map")[1].split("\n\n")[1]
     assert bridge.startswith(f"The abstract and findings of the map study in `{linked / 'map'}` "
-                             "follow (its paper has the tables).")  # fmt: skip
+                             "follow; its tables are in that study's paper.")  # fmt: skip
     assert "Its reference is `flash`, not this study's `baseline`; its `fp32` is this study's " \
            "`baseline` (the same knobs); its models differ from this study's in d_ff, 128 (here " \
            "256); dropout, 0.0 (here 0.1), so no point of the map repeats this study's " \

@@ -94,3 +94,19 @@ def test_the_references_retry_cost_is_named_beside_the_ratios():
     assert text.endswith(f"every speed-up would be {100 * (1 - 1144 / 1201):.1f}% smaller.")
     assert "no slower" in _retry_sentence(ctx(1100.0), "baseline", "speed-up")
     assert _retry_sentence(ctx(1201.0, retries=0), "baseline", "speed-up") == ""
+
+
+def test_tables_may_share_a_page_of_floats_only_when_it_is_nearly_full():
+    """Room on the 12-page budget: a table may float to a page of floats ([htbp]), and in the
+    main text LaTeX makes such a page only when floats fill 80% of it (the default, 0.5, left a
+    third of a page empty before a section's barrier); in the appendix the default again, so a
+    lone figure is not flushed onto a page of its own by the barrier."""
+    from pathlib import Path
+
+    assert latex(table()).startswith(r"\begin{table}[htbp]")
+    templates = Path(__file__).resolve().parents[1] / "paper" / "templates"
+    for name in ("paper", "map", "quality"):
+        main, appendix = (templates / f"{name}.tex.j2").read_text().split("\\appendix\n")
+        assert r"\renewcommand{\floatpagefraction}{0.8}" in main, name
+        assert r"\newcommand{\restorefloatpages}{\renewcommand{\floatpagefraction}{0.5}}" in main
+        assert appendix.startswith("\\restorefloatpages\n"), name
