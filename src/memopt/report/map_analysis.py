@@ -153,8 +153,8 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     where a spread is most of the reference's sequences (its fit's memory per sequence), the worst
     case for telling two techniques' maxima apart: {mib, n, point, point_mib, sequence_mib (the
     reference's sequence there), batch (its maximum there), moves (the most sequences that spread
-    can move a maximum by), one_apart ([{technique, batch}] one sequence from the reference's
-    there)}, or None. A search's
+    can move a maximum by), one_apart ([{technique, batch, settled, ...}] one sequence from the
+    reference's there, with what its trials show: _settled)}, or None. A search's
     budget is what the GPU had free when it began, so two searches at one point can differ by this
     much for no reason of their techniques."""
     budgets: dict = {}
@@ -171,13 +171,33 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     if mib <= 0:
         return None
     ref = next(r["max_batch"] for r in rows if r["point"] == point and r["technique"] == reference)
+    at = {Path(p).stem: s for p, s in zip(search_paths, searches) if Path(p).parts[-3] == point}
     # techniques one sequence from the reference there: a difference the budget alone can make
-    near = [{"technique": r["technique"], "batch": r["max_batch"]} for r in rows
-            if r["point"] == point and r["technique"] != reference and ref and r["max_batch"]
-            and abs(r["max_batch"] - ref) == 1]  # fmt: skip
+    near = [{"technique": r["technique"], "batch": r["max_batch"],
+             **_settled(at.get(r["technique"]), at.get(reference), r["max_batch"], ref)}
+            for r in rows if r["point"] == point and r["technique"] != reference and ref
+            and r["max_batch"] and abs(r["max_batch"] - ref) == 1]  # fmt: skip
     return {"mib": mib, "n": worst, "point": point, "point_mib": worst * per_seq[point],
             "sequence_mib": per_seq[point], "batch": ref, "one_apart": near,
             "moves": math.ceil(worst)}  # fmt: skip
+
+
+def _settled(mine: dict | None, theirs: dict | None, batch: int, ref: int) -> dict:
+    """Whether the trials settle that a one-sequence difference is the budget's: the one with
+    the smaller maximum trained the other's batch (no out-of-memory) and was refused only because
+    its peak passed its own fit limit, while that peak is within the other's. {"settled": False}
+    or {"settled": True, "lower", "higher" (techniques' roles), "at", "peak_mib", "own_limit_mib",
+    "other_limit_mib"}."""
+    if not (mine and theirs):
+        return {"settled": False}
+    (low, high), at = ((mine, theirs), ref) if batch < ref else ((theirs, mine), batch)
+    trial = next((t for t in low.get("trials", []) if t["batch"] == at), None)
+    own, other = low.get("fit_limit_mib"), high.get("fit_limit_mib")
+    if not (trial and own and other and trial.get("peak_mib")) or trial["fits"] \
+            or trial.get("out_of_memory") or not own < trial["peak_mib"] <= other:  # fmt: skip
+        return {"settled": False}
+    return {"settled": True, "lower": low["technique"], "higher": high["technique"], "at": at,
+            "peak_mib": trial["peak_mib"], "own_limit_mib": own, "other_limit_mib": other}  # fmt: skip
 
 
 def where_run(rows: list[dict]) -> dict:
