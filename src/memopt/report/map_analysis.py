@@ -157,13 +157,14 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     reference's there, with what its trials show: _settled)}, or None. A search's
     budget is what the GPU had free when it began, so two searches at one point can differ by this
     much for no reason of their techniques."""
-    budgets: dict = {}
+    by_point: dict = {}  # point -> technique -> its search
     for path, s in zip(search_paths, searches):
-        if s.get("budget_mib"):
-            budgets.setdefault(Path(path).parts[-3], []).append(s["budget_mib"])
+        by_point.setdefault(Path(path).parts[-3], {})[Path(path).stem] = s
+    budgets = {p: [s["budget_mib"] for s in at.values() if s.get("budget_mib")]
+               for p, at in by_point.items()}  # fmt: skip
     per_seq = {r["point"]: r["per_token_mib"] * r["seq_len"] for r in rows
                if r["technique"] == reference and r["per_token_mib"]}  # fmt: skip
-    spreads = [(max(b) - min(b), p) for p, b in budgets.items() if p in per_seq]
+    spreads = [(max(b) - min(b), p) for p, b in budgets.items() if b and p in per_seq]
     if not spreads:
         return None
     mib = max(m for m, _ in spreads)
@@ -171,7 +172,7 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     if mib <= 0:
         return None
     ref = next(r["max_batch"] for r in rows if r["point"] == point and r["technique"] == reference)
-    at = {Path(p).stem: s for p, s in zip(search_paths, searches) if Path(p).parts[-3] == point}
+    at = by_point[point]
     # techniques one sequence from the reference there: a difference the budget alone can make
     near = [{"technique": r["technique"], "batch": r["max_batch"],
              **_settled(at.get(r["technique"]), at.get(reference), r["max_batch"], ref)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from memopt.config import full_spec
 from memopt.map_points import map_points, map_reference, point_models
 from memopt.report import tables
 from memopt.report.map_analysis import (
@@ -76,14 +77,11 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     timed = [r for r in rows if r["cell_status"] == "ok"]
     models = _models(config, tokens["vocab_size"])
     specs = {t: config["techniques"][t] for t in techniques}
-
-    def knob(spec, k):  # a knob's value, its default where the spec leaves it out
-        v = spec.get(k)
-        return KNOB_DEFAULTS[k] if v is None else v
-
-    # per technique, the knobs it sets otherwise than the reference ("attention flex")
-    differs = {t: [f"{k} {knob(s, k)}" for k in KNOB_DEFAULTS
-                   if knob(s, k) != knob(specs[reference], k)] for t, s in specs.items()}  # fmt: skip
+    # per technique, the knobs it sets otherwise than the reference ("attention flex"), every
+    # default filled on both sides (memopt.config.full_spec)
+    ref_spec = full_spec(specs[reference])
+    differs = {t: [f"{k} {v}" for k, v in full_spec(s).items() if v != ref_spec.get(k)]
+               for t, s in specs.items()}  # fmt: skip
     best = []  # per point: the techniques with the most tokens per step (ties), against the reference
     for p in points:
         at = [r for r in rows if r["point"] == p]
@@ -105,12 +103,11 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
     ratios = [b["ratio"] for b in best if b["ratio"] is not None]
     speeds = [b["speed"] for b in best if b["speed"] is not None]
-
-    def ratio_range(
-        kind: str,
-    ):  # the best's ratios where the GPU's memory stopped it, or the host's
+    # the best's ratios where the GPU's memory stopped it, and where the host's did
+    split = {}
+    for kind in ("gpu", "host"):
         r = [b["ratio"] for b in best if b["ratio"] is not None and b[kind]]
-        return {"min": min(r), "max": max(r)} if r else None
+        split[kind] = {"min": min(r), "max": max(r)} if r else None
 
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
@@ -138,8 +135,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "best_ratio": {"min": min(ratios), "max": max(ratios)} if ratios else None,
         "best_speed": {"min": min(speeds), "max": max(speeds)} if speeds else None,
         # where some best maxima are the host's and some the GPU's, their ratios apart
-        "best_split": {"gpu": ratio_range("gpu"), "host": ratio_range("host")}
-        if ratio_range("gpu") and ratio_range("host") else None,
+        "best_split": split if all(split.values()) else None,
         # the points of best_speed where either cell retried cudaMalloc (a noisier ratio)
         "speed_retried": [b["point"] for b in best if b["speed"] is not None and b["retried"]],
         "reference_precision": config["techniques"][reference]["precision"].upper(),
