@@ -327,3 +327,60 @@ def test_the_reported_line_spans_at_least_a_factor_two():
     assert line["batches"] == [150, 1081]
     assert line["per_sample_mib"] == pytest.approx((10150 - 2000) / 931)
     assert _line(fits[:1]) is None
+
+
+def llama_1b_1024_offloaded(b: int) -> list:
+    """The tensors `ckpt_offload` offloads at llama_1b_1024 with b sequences (the H200 map's
+    search, 6a85181): 17 checkpoints of 8 MiB a sequence, two per-sequence tensors, 32 fixed
+    ones, and two of the chunked loss per 4,096 tokens (4 sequences), with a part chunk of the
+    rest where b is no multiple of 4."""
+    whole, rest = divmod(b, 4)
+    tensors = {131_072: 32, 4096 * b: 1, 8192 * b: 1, 8 * 2**20 * b: 17}
+    for per_chunk in (32_768, 32 * 2**20):
+        tensors[per_chunk] = tensors.get(per_chunk, 0) + whole
+        if rest:
+            tensors[per_chunk * rest // 4] = tensors.get(per_chunk * rest // 4, 0) + 1
+    return sorted([size, n] for size, n in tensors.items())
+
+
+def test_a_part_chunk_of_the_loss_is_charged_as_what_it_is():
+    """The H200 map's llama_1b_1024 `ckpt_offload` search (6a85181): 432 and 433 sequences fit
+    (62,221 and 64,405 MiB pinned), 437 fit at 64,437 MiB and 438 passed the 64,443.86-MiB
+    budget. Charging 433's part chunk as a whole one put the bound at 433, and the search
+    walked up 434, 435, 437, 441, 438 (8 trials); with the loss's chunk structure the bound is
+    437 from the fits at 433 and 216, and the whole search takes 5 trials."""
+    from functools import partial
+
+    from memopt.jobs.bracket import prove_max
+    from memopt.jobs.search import _host_bound
+    from memopt.runtime.offload import charged_bytes
+
+    recorded = {432: 62_221.375, 433: 64_405.3828125, 216: 32_200.6875, 434: 64_413.390625,
+                435: 64_429.40625, 437: 64_437.4140625}  # fmt: skip
+
+    def pinned_mib(b):
+        return sum(n * charged_bytes(size) for size, n in llama_1b_1024_offloaded(b)) / 2**20
+
+    assert {b: pinned_mib(b) for b in recorded} == recorded  # the model is the run's
+    budget = 64_443.857421875 * 2**20
+    assert pinned_mib(437) * 2**20 <= budget < pinned_mib(438) * 2**20
+
+    def fit(b):
+        return {"batch": b, "fits": True, "host_tensors": llama_1b_1024_offloaded(b)}
+
+    seen = [fit(432), fit(433), fit(216)]
+    assert _host_bound(seen, 1, budget, 11_233, {}, chunk=(1024, 4096)) == 437
+    assert _host_bound(seen, 1, budget, 11_233, {}) == 433  # as a whole chunk: 4 short
+
+    trials = []
+
+    def test(k):
+        fits = pinned_mib(k) * 2**20 <= budget
+        trials.append({**fit(k), "fits": fits})
+        return {"backward": 15_838.0 + 147.14 * k} if fits else None
+
+    bound = partial(_host_bound, trials, 1, budget, 11_233, chunk=(1024, 4096))
+    found = prove_max(test, 11_233, {"backward": 141_123.0}, {"backward": 15_000.0}, 1, bound,
+                      432)  # fmt: skip
+    assert (found["lo"], found["hi"]) == (437, 438)
+    assert [t["batch"] for t in trials] == [432, 433, 216, 437, 438]

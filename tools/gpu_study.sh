@@ -65,11 +65,12 @@ cuda = c["device"] == "cuda"  # a CPU study (the tests' tiny one): 20 s a target
 if c["map"]:  # a map study: one target per point (its searches and cells on one machine)
     from memopt.map_points import map_points
     from memopt.runtime.flops import param_count
-    for point, model in map_points(c).items():  # H100 seconds (20 s on a CPU), from the first
-        # piece (dc4e5f7): 942-1,218 s for the 1B model's points, 1,041 s for 360M at 16,384,
-        # over 660 s for 128M at 4,096 (ckpt_offload's search and cell take about half)
+    for point, model in map_points(c).items():  # seconds (20 s on a CPU): on an H200 with the
+        # searches from memopt plan's maxima (6a85181), 1,073 s for llama_1b_1024 and about 690
+        # for gpt2_110m_1024; on an H100 at f0247d6 (searches from batch 1) 600-800 s for the
+        # small models' points and 1,000-1,300 for the large ones' (900 + 300 B + L / 64 there)
         billions = param_count(model, c["tokenizer"]["vocab_size"]) / 1e9
-        est = int(900 + 300 * billions + model["seq_len"] // 64) if cuda else 20
+        est = int(700 + 350 * billions + model["seq_len"] // 64) if cuda else 20
         print(f"point:{point}", est)
     print("results/map.csv 20")
     sys.exit()
