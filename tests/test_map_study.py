@@ -1,7 +1,7 @@
 """The published map study (issue 34), once studies/ holds it: from one commit, each point's
 searches and cells on one GPU of one model, every point and technique measured, every search
-proven in at most 8 trials (but one stated deviation, STATED) or out of memory at batch 1, its paper what this code renders from its
-results, and docs/results.md's map tables what tools/map_report.py prints from them.
+proven in at most 8 trials (but a stated deviation, STATED) or out of memory at batch 1, its
+paper what this code renders from its results, and docs/results.md's map tables what tools/map_report.py prints from them.
 
 MAP_STUDY may name another folder (a draft published elsewhere) to run these checks on it."""
 
@@ -23,18 +23,18 @@ from memopt.map_points import map_points
 from memopt.run.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDY = Path(os.environ.get("MAP_STUDY") or ROOT / "studies" / "h100-map")
-GPU = "NVIDIA H100 80GB HBM3"
+# On an H200 (studies/h200-map-pieces: no H100 kind was lent after 8 of its 12 points)
+STUDY = Path(os.environ.get("MAP_STUDY") or ROOT / "studies" / "h200-map")
 pytestmark = pytest.mark.skipif(
     not (STUDY / "results" / "map.csv").exists(), reason=f"{STUDY} is not published yet"
 )
 
 
-# Issue 34's bar is 8 trials a search. One search may pass it, at the frozen commit the map runs
-# from (f0247d6): llama_1b_1024's ckpt_offload took 9 twice (the pieces README, "A search in 9
+# Issue 34's bar is 8 trials a search. One search may pass it at the H100 map's commit (f0247d6):
+# llama_1b_1024's ckpt_offload took 9 twice (studies/h100-map-pieces/README.md, "A search in 9
 # trials"); the search code after that commit walks the same curve in 6 (tests/test_bracket.py
-# replays it). Where it does pass 8, the study's README must state it as a deviation.
-STATED = {("llama_1b_1024", "ckpt_offload"): 9}
+# replays it). Where a search does pass 8, the study's README must state it as a deviation.
+STATED = {("f0247d6", "llama_1b_1024", "ckpt_offload"): 9}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def table() -> pd.DataFrame:
 def test_one_commit_and_each_point_on_one_gpu(table):
     commits = set(table["git_commit"]) | set(table["search_git_commit"])
     assert len(commits) == 1, commits
-    assert set(table["gpu"].dropna()) == {GPU}
+    assert len(set(table["gpu"].dropna())) == 1  # one GPU model
     assert table["search_gpu_uuid"].notna().all()  # every search says where it ran
     timed = table[table["cell_status"] == "ok"]
     assert timed["gpu_uuid"].notna().all()
@@ -69,7 +69,7 @@ def test_every_point_and_technique_is_measured_and_every_search_proven(table):
             assert 1 in {t["batch"] for t in search["trials"]}
             assert r.cell_status != "ok"
             continue
-        bar = STATED.get((r.point, r.technique), 8)
+        bar = STATED.get((r.search_git_commit[:7], r.point, r.technique), 8)
         assert r.search_status == "ok" and r.trials <= bar, (r.point, r.technique, r.trials)
         if r.trials > 8:  # a stated deviation: the README names it
             readme = (STUDY / "README.md").read_text()

@@ -77,7 +77,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     assert "this paper's within-noise rule (Method) is not used here, since 5 of the map's 23 " \
            "cells, at the edge of memory, retried cudaMalloc, and a cell's 95% interval covers " \
            "its own run's retries, not another run's." in section  # fmt: skip
-    assert "(memopt's reruns of map cells on H100s, in `studies/h100-map/README.md`)" in section
+    assert "(memopt's reruns of map cells on H100s, in `studies/h100-map-pieces/README.md`)" in section
     assert "(the map study's Limitations)" in section and "(Limitations)" not in section
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"
     assert rows["`bf16`"]["Δ val loss"] == "0.015 [-0.049, 0.079]"  # 0.01 and 0.02 over 2 seeds

@@ -3,7 +3,7 @@ config/map.yaml): per point, each technique's proven maximum in tokens per step 
 its multiple of the reference's; then its tokens/s at that maximum (r: cudaMalloc retried in the
 timed steps). Read from the study's results/map.csv and results/map_findings.json, as its paper.
 
-    python tools/map_report.py studies/h100-map
+    python tools/map_report.py studies/h200-map
 """
 
 from __future__ import annotations
