@@ -4,13 +4,14 @@ and the liger/cce adapters (with stand-ins for their packages); the refusals: te
 import os
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from memopt.config import ConfigError, full_spec, validate_config
-from memopt.errors import KernelUnavailable
+from memopt.errors import KernelUnavailable, MemoptError
 from memopt.runtime import offload
 from memopt.runtime.losses import check_loss, output_loss
 from memopt.runtime.offload import OffloadedBytes, offload_context
@@ -126,7 +127,7 @@ def test_the_host_budget_is_shared_by_the_hosts_gpus(monkeypatch, gpus):
     monkeypatch.setattr(
         lease, "nvidia_smi", lambda query: calls.append(query) or [str(i) for i in range(gpus)]
     )
-    offload.host_budget_bytes.cache_clear()
+    offload._host_share.cache_clear()
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         for _ in range(3):  # every step reads it: nvidia-smi runs once per process
@@ -135,7 +136,36 @@ def test_the_host_budget_is_shared_by_the_hosts_gpus(monkeypatch, gpus):
             )
         assert calls == ["index"]
     finally:
-        offload.host_budget_bytes.cache_clear()
+        offload._host_share.cache_clear()
+
+
+def test_a_configured_host_budget_replaces_the_hosts_share(monkeypatch):
+    """search.host_pinned_gib: the same budget on hosts of any memory (no nvidia-smi asked)."""
+    from memopt.runtime import lease
+
+    monkeypatch.setattr(lease, "nvidia_smi", lambda query: pytest.fail("asked the host"))
+    import yaml
+
+    from memopt.config import validate_config
+    from memopt.runtime.step import limit_gpu_memory
+
+    raw = yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text())
+    cfg = validate_config({**raw, "search": {**raw.get("search", {}), "host_pinned_gib": 60}})
+    try:
+        limit_gpu_memory(cfg, "cpu")  # every job's start (search, cell, quality run)
+        assert offload.host_budget_bytes() == 60 * 2**30
+        assert offload.OffloadedBytes().budget == 60 * 2**30
+    finally:
+        offload.set_host_budget(None)
+    with pytest.raises(MemoptError, match=r"search\.host_pinned_gib.*0"):
+        validate_config({**raw, "search": {**raw.get("search", {}), "host_pinned_gib": 0}})
+    monkeypatch.setattr(lease, "nvidia_smi", lambda query: ["0", "1"])
+    offload._host_share.cache_clear()
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        assert offload.host_budget_bytes() == int(offload.HOST_FRACTION * physical) // 2
+    finally:
+        offload._host_share.cache_clear()
 
 
 def train(knobs: dict, steps: int = 3, n: int = 6):

@@ -390,7 +390,8 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
         in abstract  # fmt: skip
     # "B + 1 does not" says which limits refuse it: the slack's and the host's as well as memory
     assert "and B + 1 does not: it runs out of memory, its peak comes within 256 MiB of the " \
-           "budget or its pinned host memory would pass the host's share)" in abstract  # fmt: skip
+           "budget or its pinned host memory would pass its budget, half the host's memory over its " \
+           "GPUs)" in abstract  # fmt: skip
     # techniques that pay in the same places are named together
     assert "A technique pays where it trains at least 1.10× `flash`'s tokens per step: " \
            "`window` from 64 tokens on all 3 models; `offload` at every point." in abstract  # fmt: skip
@@ -459,6 +460,22 @@ def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path)
     # where a technique pays differently per model, each group is said
     assert "tokens per step: `window` at every length measured on `gpt2_s`, from 64 tokens on " \
            "`llama_s` and `llama_m`; `offload` at every point." in abstract  # fmt: skip
+
+
+def test_a_fixed_host_budget_is_said_where_the_hosts_share_would_be(tmp_path):
+    """search.host_pinned_gib (the H200 map: pieces on hosts of 128 and 256 GiB): the abstract
+    and Limitations name it and its size, not half the host's memory."""
+    write_results(tmp_path)
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    cfg.setdefault("search", {})["host_pinned_gib"] = 60
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    main(["paper", "--config", str(tmp_path / "config.yaml"), "--results", str(tmp_path / "results"),
+          "--data", str(tmp_path / "data"), "--out", str(tmp_path / "paper")])  # fmt: skip
+    md = (tmp_path / "paper/paper.md").read_text()
+    assert "would pass its budget, search.host_pinned_gib, the same on every host)" in md
+    assert "a search refuses to pin more than 60 GiB a GPU (search.host_pinned_gib, the same " \
+           "on every host)." in md  # fmt: skip
+    assert "half the host's memory" not in md
 
 
 def test_techniques_that_pay_in_the_same_places_are_named_together(tmp_path):

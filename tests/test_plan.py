@@ -106,6 +106,29 @@ def test_plan_follows_the_budget_the_search_would_have(tmp_path, capsys):
     assert "leaves nothing to train in" in capsys.readouterr().err
 
 
+def test_plan_takes_the_studys_host_budget(tmp_path, capsys):
+    """search.host_pinned_gib is what offloading may pin wherever the study runs: the plan
+    checks it without --host-memory, and uses it over a --host-memory share."""
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    raw["techniques"] = {"offload": {"precision": "bf16", "attention": "flash",
+                                     "checkpointing": "full", "loss": "chunked",
+                                     "offload": "activations"}}  # fmt: skip
+    raw.update(baseline="offload", batch_sizes=["max"])
+    raw.setdefault("search", {})["host_pinned_gib"] = 8
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+
+    def row(*more):
+        main(["plan", "--config", str(tmp_path / "c.yaml"), "--gpu-memory", "80GiB", *more])
+        out = capsys.readouterr().out
+        assert "the host's pinned memory checked" in out
+        return next(line for line in out.splitlines() if line.startswith("| offload |"))
+
+    assert row() == row("--host-memory", "1TiB")  # the study's 8 GiB, not 500 GiB
+    rows = {r["technique"]: r for r in plan(validate_config(raw), 81_920.0, 32_000,
+                                            8 * 1024.0)["rows"]}  # fmt: skip
+    assert f"| {rows['offload']['max_batch']:,} | " in row() and "| host |" in row()
+
+
 def test_the_leave_one_out_tool_on_the_published_studies(tmp_path):
     """tools/plan_check.py: every configuration of the three published GPT-2 studies predicted
     from constants fitted on the others; its maxima are the measured ones within 1.1% (its

@@ -223,9 +223,16 @@ def make_environment(templates_dir: Path, latex: bool) -> jinja2.Environment:
     env = jinja2.Environment(**options)
     env.filters.update(
         num=num, pct=pct, sig=sig, mib=mib, mparams=mparams, tex=tex, tex_name=tex_name, md=md, md_code=md_code,
-        tex_listing=tex_listing, code=lambda v: f"`{v}`",
+        tex_listing=tex_listing, code=lambda v: f"`{v}`", host_budget=host_budget_words,
     )  # fmt: skip
     return env
+
+
+def host_budget_words(config: dict) -> str:
+    """Where an offloading search's pinned host memory budget comes from, in the paper's words."""
+    if config["search"].get("host_pinned_gib") is not None:
+        return "search.host_pinned_gib, the same on every host"
+    return "half the host's memory over its GPUs"
 
 
 def tex_engine() -> list[str] | None:

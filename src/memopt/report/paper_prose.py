@@ -10,7 +10,7 @@ from __future__ import annotations
 import jinja2
 
 from memopt.report.paper_analysis import batch_change, break_even_tokens, logits_step
-from memopt.report.paper_format import md_to_tex
+from memopt.report.paper_format import host_budget_words, md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
 from memopt.report.paper_tables_effects import retry_cost
 from memopt.report.results import ok_cells, within_noise
@@ -326,6 +326,7 @@ def story(ctx: dict) -> dict:
                 "technique": s["technique"],
                 "max_batch": s["max_batch"],
                 "budget_gib": (s.get("host_budget_mib") or 0) / 1024,
+                "budget_from": host_budget_words(ctx["config"]),
             }
             for s in ctx["searches"]
             if s.get("limit") == "host"

@@ -5,7 +5,7 @@ tables are not numbered. Text is the Markdown subset the prose uses: `code`, **b
 
 from __future__ import annotations
 
-from memopt.report.paper_format import num, pct
+from memopt.report.paper_format import host_budget_words, num, pct
 from memopt.report.paper_tables_effects import (
     increments_table,
     memory_table,
@@ -173,8 +173,8 @@ def search_table(ctx: dict) -> Table:
         budget = max(s.get("host_budget_mib") or 0 for s in hosts) / 1024
         caption += (
             "\n`ok (host)`: the pinned host memory memopt lets the offloaded activations take "
-            f"stopped it, not the GPU's memory ({budget:.1f} GiB, half the host's memory over its "
-            "GPUs)."
+            f"stopped it, not the GPU's memory ({budget:.1f} GiB, "
+            f"{host_budget_words(ctx['config'])})."
         )
     if planned:
         caption += (

@@ -39,8 +39,9 @@ def cmd_plan(args) -> None:
         raise MemoptError("memopt plan: give --gpu-memory SIZE (a GPU) or --cpu (a CPU search), "
                           "one of them")  # fmt: skip
     total = gpu_memory_mib(args.gpu_memory) if args.gpu_memory is not None else None
-    host = None
-    if args.host_memory:  # what offloading may pin: memopt.runtime.offload's share of the host
+    host = study["search"]["host_pinned_gib"]  # what offloading may pin: the study's budget,
+    host = None if host is None else host * 1024
+    if host is None and args.host_memory:  # else memopt.runtime.offload's share of the host
         from memopt.runtime.offload import HOST_FRACTION
 
         host = HOST_FRACTION * gpu_memory_mib(args.host_memory) / args.gpus_per_host
@@ -302,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", type=_positive_int, default=8, help="the batch of the peak column")
     sp.add_argument(
         "--host-memory", default=None,
-        help="the host's memory (a size): offloaded techniques may pin a share of it; "
-        "None: not checked",
+        help="the host's memory (a size): offloaded techniques may pin a share of it, unless "
+        "the study sets search.host_pinned_gib; None: not checked",
     )  # fmt: skip
     sp.add_argument("--gpus-per-host", type=_positive_int, default=1, help="GPUs sharing it")
     sp.add_argument(

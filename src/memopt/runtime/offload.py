@@ -39,12 +39,24 @@ from memopt.errors import KernelUnavailable
 from memopt.runtime import lease
 
 HOST_FRACTION = 0.5
+_configured: list[int] = []  # search.host_pinned_gib, in bytes, once a job has set it
+
+
+def set_host_budget(gib: float | None) -> None:
+    """A job's configured budget (search.host_pinned_gib; None: the host's share)."""
+    _configured[:] = [] if gib is None else [int(gib * 2**30)]
+
+
+def host_budget_bytes() -> int:
+    """This process's budget of pinned host memory: search.host_pinned_gib where the job set it,
+    else HOST_FRACTION of the host's memory over its GPUs."""
+    return _configured[0] if _configured else _host_share()
 
 
 @functools.cache
-def host_budget_bytes() -> int:
-    """This process's share of pinned host memory: HOST_FRACTION of it over the host's GPUs.
-    Once per process: every training step of an offloading technique reads it."""
+def _host_share() -> int:
+    """HOST_FRACTION of the host's memory over its GPUs. Once per process: every training step
+    of an offloading technique reads it."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(HOST_FRACTION * physical) // max(1, len(lease.nvidia_smi("index")))
 

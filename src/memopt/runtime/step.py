@@ -16,7 +16,12 @@ from memopt.runtime.measure import (
     MIB,
     MemoryProbe,
 )
-from memopt.runtime.offload import OffloadedBytes, empty_host_cache, offload_context
+from memopt.runtime.offload import (
+    OffloadedBytes,
+    empty_host_cache,
+    offload_context,
+    set_host_budget,
+)
 from memopt.runtime.optimizers import make_optimizer, state_bytes, tensor_bytes
 from memopt.runtime.techniques import (
     Applied,
@@ -34,7 +39,9 @@ def budget_bytes(cfg: dict, device: str) -> float | None:
 
 
 def limit_gpu_memory(cfg: dict, device: str) -> None:
-    """Emulate a smaller card: cap this process's share of the GPU at the configured budget."""
+    """Emulate a smaller card: cap this process's share of the GPU at the configured budget; and
+    the host's pinned memory for offloading at search.host_pinned_gib."""
+    set_host_budget(cfg["search"]["host_pinned_gib"])
     budget = budget_bytes(cfg, device)
     if device == "cuda" and budget is not None:
         total = torch.cuda.get_device_properties(0).total_memory
