@@ -110,12 +110,23 @@ def test_offload_under_compile_gives_identical_gradients():
 def test_offloading_past_the_host_budget_is_out_of_memory():
     x = torch.randn(256, 256, requires_grad=True)
     stats = OffloadedBytes(budget=3 * x.numel() * 4)  # three such tensors fit
-    with pytest.raises(torch.OutOfMemoryError, match="host memory"):
+    with pytest.raises(torch.OutOfMemoryError, match="host memory") as share:
         with offload_context("activations", stats):
             y = x
             for _ in range(5):
                 y = y.sin()  # each saves its input
     assert stats.tensors == 3
+    assert "share of 50% of the host's memory" in str(share.value)
+    offload.set_host_budget(1)  # a study's search.host_pinned_gib: the error names it
+    try:
+        stats = OffloadedBytes(budget=3 * x.numel() * 4)
+        with pytest.raises(torch.OutOfMemoryError, match=r"search\.host_pinned_gib, in pinned"):
+            with offload_context("activations", stats):
+                y = x
+                for _ in range(5):
+                    y = y.sin()
+    finally:
+        offload.set_host_budget(None)
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 4])

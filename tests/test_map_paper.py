@@ -265,7 +265,7 @@ def test_the_headline_parts_host_from_gpu_and_names_the_references_retries(rende
     md = (root / "paper/paper.md").read_text()
     abstract = md.split("## Abstract")[1].split("## 1")[0]
     assert "3.0–4.0× as many as BF16 `flash` where that fits a batch (4.0× where the GPU's " \
-           "memory stopped `offload`, at least 3.0× where the host's pinned-memory share did)" \
+           "memory stopped `offload`, at least 3.0× where the host's pinned-memory budget did)" \
         in abstract  # fmt: skip
     assert "(each at its own maximum; one cell or both retried cudaMalloc in their timed steps " \
            "at all 6 points: see Limitations)" in abstract  # fmt: skip

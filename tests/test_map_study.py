@@ -76,6 +76,10 @@ def test_every_point_and_technique_is_measured_and_every_search_proven(table):
             assert f"{r.point}" in readme and f"{r.trials} trials" in readme, (r.point, r.technique)
         batches = {t["batch"]: t["fits"] for t in search["trials"]}
         assert batches[r.max_batch] and not batches[r.max_batch + 1]  # proven: B fits, B + 1 not
+        if r.limit == "host":  # the budget's limit (search.host_pinned_gib), not a host that
+            # could not pin that much
+            miss = next(t for t in search["trials"] if t["batch"] == r.max_batch + 1)
+            assert "would hold more than" in miss["error"], (r.point, r.technique)
         assert r.cell_status == "ok" and r.tokens_per_s > 0
 
 

@@ -357,12 +357,12 @@ def _host_bound(trials: list, g: int, budget: int, cap: int, fits: dict, chunk=N
         for size, n in held.items():
             if size in streams:
                 whole, rest = divmod(k * g * chunk[0], chunk[1])
-                part = charged_bytes(size * rest // chunk[1]) if rest else 0
+                part = charged_bytes(-(-size * rest // chunk[1])) if rest else 0  # (up)
                 total += streams[size][0] * (whole * charged_bytes(size) + part)
             elif size in parts:
                 continue  # a part chunk: with its stream
             elif size not in before:
-                total += n * charged_bytes(int(size * k * scale))
+                total += n * charged_bytes(-(-size * k * g // last["batch"]))  # (up)
             else:
                 total += (n if before[size] == n else math.ceil(n * k * scale)) * charged_bytes(
                     size

@@ -15,9 +15,10 @@ the backward pass stays on the GPU for the short time it is needed. The copies a
 gradients are identical to those without offloading.
 
 Pinned host memory is finite, and exhausting it can stall the whole machine: what one forward
-pass offloads may take at most HOST_FRACTION of the host's physical memory, shared equally by the
-host's GPUs (nvidia-smi's count: jobs on every GPU at once, one per GPU, stay within it; a 4-GPU
-host of 512 GiB gives each 64 GiB, as a 1-GPU host of 128 GiB does). Beyond that the pass
+pass offloads may take at most search.host_pinned_gib where a study sets it (the same on every
+host), else HOST_FRACTION of the host's physical memory, shared equally by the host's GPUs
+(nvidia-smi's count: jobs on every GPU at once, one per GPU, stay within it; a 4-GPU host of
+512 GiB gives each 64 GiB, as a 1-GPU host of 128 GiB does). Beyond that the pass
 stops with torch.OutOfMemoryError naming host memory, so a batch-size search treats it as "does
 not fit" (the technique's limit is then the host's, which the error says). The budget is per
 process, and pinned buffers come in pieces of PIECE_BYTES (torch's pinned allocator rounds a
@@ -45,6 +46,13 @@ _configured: list[int] = []  # search.host_pinned_gib, in bytes, once a job has 
 def set_host_budget(gib: float | None) -> None:
     """A job's configured budget (search.host_pinned_gib; None: the host's share)."""
     _configured[:] = [] if gib is None else [int(gib * 2**30)]
+
+
+def budget_source() -> str:
+    """Where host_budget_bytes comes from, in words (the error a search records says it)."""
+    if _configured:
+        return "search.host_pinned_gib"
+    return f"this process's share of {HOST_FRACTION:.0%} of the host's memory"
 
 
 def host_budget_bytes() -> int:
@@ -118,12 +126,16 @@ def _to_host(flat: torch.Tensor, stats: OffloadedBytes) -> list[torch.Tensor]:
             raise torch.OutOfMemoryError(
                 f"offload: activations: host memory for offloaded activations is out of memory "
                 f"(this forward pass would hold more than {stats.budget / 2**30:.1f} GiB, "
-                f"this process's share of {HOST_FRACTION:.0%} of the host's memory, in pinned buffers)"
+                f"{budget_source()}, in pinned buffers)"
             )
         try:
             host = torch.empty(chunk.numel(), dtype=chunk.dtype, pin_memory=pinned)
         except RuntimeError as err:  # cudaHostAlloc failed: the host is out of pinned memory
-            raise torch.OutOfMemoryError(f"offload: activations: {err}") from err
+            raise torch.OutOfMemoryError(
+                f"offload: activations: the host could not pin {charged / 2**30:.2f} GiB more "
+                f"with {stats.bytes / 2**30:.1f} GiB pinned, within the budget of "
+                f"{stats.budget / 2**30:.1f} GiB ({err})"
+            ) from err
         pieces.append(host.copy_(chunk, non_blocking=pinned))
         stats.bytes += charged
     stats.tensors += 1
