@@ -171,7 +171,7 @@ def test_a_line_refuted_one_batch_below_its_crossing(reserved, maximum):
         return use if trains and max(use.values()) <= budget - SLACK else None
 
     # The host's pinned-memory bound, from the first fits' offloaded tensors, allowed 432: the
-    # third trial (memopt.jobs.search._host_bound)
+    # third trial (memopt.jobs.host_bound)
     found = prove_max(test, 11_233, dict.fromkeys(phases(1), budget - SLACK),
                       dict.fromkeys(phases(1), 11_950.8), 1, lambda fits: 432)  # fmt: skip
     assert (found["lo"], found["hi"]) == (maximum, maximum + 1), found["order"]

@@ -295,7 +295,7 @@ def test_the_host_bound_scales_what_grew_and_charges_it_as_offloading_pins_it():
     pinned as 16) come more often with it: the bound is the
     largest batch whose pinned pieces (256 MiB, the last rounded up to a power of two) stay
     within the budget, found from two trials without running it."""
-    from memopt.jobs.search import _host_bound
+    from memopt.jobs.host_bound import host_bound
     from memopt.runtime.offload import charged_bytes
 
     # bytes of one checkpoint per sequence; a constant; a loss chunk, one per 4 sequences
@@ -310,10 +310,10 @@ def test_the_host_bound_scales_what_grew_and_charges_it_as_offloading_pins_it():
         return 2 * charged_bytes(fixed) + checkpoints + math.ceil(b / 4) * charged_bytes(chunk)
 
     budget = 64_443 * 2**20
-    bound = _host_bound([trial(150), trial(700)], 1, budget, 19_000, {})
+    bound = host_bound([trial(150), trial(700)], 1, budget, 19_000, {})
     assert pinned(bound) <= budget < pinned(bound + 1)
-    assert _host_bound([trial(150), trial(700)], 4, budget, 19_000, {}) == bound // 4
-    assert _host_bound([], 1, budget, 19_000, {}) is None
+    assert host_bound([trial(150), trial(700)], 4, budget, 19_000, {}) == bound // 4
+    assert host_bound([], 1, budget, 19_000, {}) is None
 
 
 def test_the_reported_line_spans_at_least_a_factor_two():
@@ -352,7 +352,7 @@ def test_a_part_chunk_of_the_loss_is_charged_as_what_it_is():
     from functools import partial
 
     from memopt.jobs.bracket import prove_max
-    from memopt.jobs.search import _host_bound
+    from memopt.jobs.host_bound import host_bound
     from memopt.runtime.offload import charged_bytes
 
     recorded = {432: 62_221.375, 433: 64_405.3828125, 216: 32_200.6875, 434: 64_413.390625,
@@ -369,8 +369,8 @@ def test_a_part_chunk_of_the_loss_is_charged_as_what_it_is():
         return {"batch": b, "fits": True, "host_tensors": llama_1b_1024_offloaded(b)}
 
     seen = [fit(432), fit(433), fit(216)]
-    assert _host_bound(seen, 1, budget, 11_233, {}, chunk=(1024, 4096)) == 437
-    assert _host_bound(seen, 1, budget, 11_233, {}) == 433  # as a whole chunk: 4 short
+    assert host_bound(seen, 1, budget, 11_233, {}, chunk=(1024, 4096)) == 437
+    assert host_bound(seen, 1, budget, 11_233, {}) == 433  # as a whole chunk: 4 short
 
     trials = []
 
@@ -379,7 +379,7 @@ def test_a_part_chunk_of_the_loss_is_charged_as_what_it_is():
         trials.append({**fit(k), "fits": fits})
         return {"backward": 15_838.0 + 147.14 * k} if fits else None
 
-    bound = partial(_host_bound, trials, 1, budget, 11_233, chunk=(1024, 4096))
+    bound = partial(host_bound, trials, 1, budget, 11_233, chunk=(1024, 4096))
     found = prove_max(test, 11_233, {"backward": 141_123.0}, {"backward": 15_000.0}, 1, bound,
                       432)  # fmt: skip
     assert (found["lo"], found["hi"]) == (437, 438)

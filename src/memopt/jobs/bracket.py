@@ -123,7 +123,7 @@ def prove_max(
         known, seed = {k: usage}, {}
         if bound is not None and k // 2 >= max(1, first):
             # A bound predicted from one fit's tensors cannot tell the sizes that grow with the
-            # batch from the fixed ones (memopt.jobs.search._host_bound), and a wrong bound
+            # batch from the fixed ones (memopt.jobs.host_bound), and a wrong bound
             # walks down from miss to miss: the fit at half of k (the memory line's, run at
             # the end otherwise) comes first, so the bound is exact from the start.
             if (half := tried(k // 2)) is not None:

@@ -39,8 +39,8 @@ def cmd_plan(args) -> None:
         raise MemoptError("memopt plan: give --gpu-memory SIZE (a GPU) or --cpu (a CPU search), "
                           "one of them")  # fmt: skip
     total = gpu_memory_mib(args.gpu_memory) if args.gpu_memory is not None else None
-    host = study["search"]["host_pinned_gib"]  # what offloading may pin: the study's budget,
-    host = None if host is None else host * 1024
+    gib = study["search"]["host_pinned_gib"]  # what offloading may pin: the study's budget,
+    host = None if gib is None else gib * 1024
     if host is None and args.host_memory:  # else memopt.runtime.offload's share of the host
         from memopt.runtime.offload import HOST_FRACTION
 
