@@ -52,8 +52,12 @@ def test_a_study_killed_at_several_points_resumes_to_the_uninterrupted_result(
         proc = snakemake(wd, check=False)
         assert proc.returncode != 0 and "cannot be locked" in proc.stdout + proc.stderr, name
         # The job killed mid-run wrote nothing (a warm worker whose client died exits unwritten).
+        # A job with no training marker can end between being seen and the kill (the tokenizer
+        # trains for a quarter of a second): its output, written atomically, is then whole, and
+        # the run's end checks it against the uninterrupted one.
         time.sleep(1)
-        assert not killed.exists(), (name, killed)
+        marker = dict((p[0], p[3]) for p in KILL_POINTS)[name]
+        assert not killed.exists() or not marker, (name, killed)
         unlock(wd)
     # At least a training job (a search at the latest: they train for seconds) and two more.
     assert len(kills) >= 3 and {"search", "quality", "cell"} & set(kills), kills
