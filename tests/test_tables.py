@@ -47,6 +47,8 @@ def test_an_unnumbered_table_and_the_layouts():
     plain = table(number=None, layout="shrink")
     assert markdown(plain).startswith("the cells,")  # no "Table N:"
     assert r"\caption*{" in latex(plain) and r"\ifdim\width>\linewidth" in latex(plain)
+    assert r"\label{" not in latex(plain)  # it would name the last numbered float
+    assert r"\label{tab:cells}" in latex(table())
     wide = latex(table(layout="sideways"))
     assert wide.startswith(r"\begin{sidewaystable}") and r"\end{sidewaystable}" in wide
     narrow = latex(table(colspec="p{3cm}p{2cm}p{2cm}"))

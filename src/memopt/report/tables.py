@@ -130,7 +130,7 @@ def latex(table: Table | None) -> str:
     if table.caption:
         star = "" if table.number else "*"
         out.append(rf"\caption{star}{{{md_to_tex(table.caption)}}}")
-    if table.label:
+    if table.label and table.number:  # (an unnumbered caption gives a label nothing to name)
         out.append(rf"\label{{tab:{table.label}}}")
     head, tail = _FIT[table.layout]
     out.append(head + rf"\begin{{tabular}}{{{table.colspec or table.align}}}")
