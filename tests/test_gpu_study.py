@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -128,12 +129,31 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
     shutil.copytree(mirror.path, fresh / ".corpus")
     (fresh / ".study").mkdir()
     shutil.copy(wd / "out/state.tar.gz", fresh / ".study/state.tar.gz")
+    # ... and then repeats b_32's cell twice (STUDY_REPEATS) in a copy of the folder
     assert "STUDY_REDO: map point b_32 runs again" in gpu_study(
-        fresh, "start", "1000", STUDY_REDO="^b_32$"
+        fresh,
+        "start",
+        "1000",
+        STUDY_REDO="^b_32$",
+        STUDY_REPEATS="b_32:baseline:2",
+        STUDY_REPEAT_IDLE_S="0",
     )
     log = gpu_study(fresh, "wait", "600")
     assert "== piece finished" in log and "FAILED" not in log, log
     assert sorted(re.findall(r"== point:(\S+) \(", log)) == ["a_32", "b_32"], log
+    runlog = (fresh / "logs/study-run.log").read_text()
+    assert len(re.findall(r"== gpu 0: repeat [12] of b_32 baseline at batch \d+: ", runlog)) == 2
+    own = json.loads((fresh / "results/map/b_32/cells/baseline/max.json").read_text())
+    for r in (1, 2):  # the study's own cell stays; each repeat is a run of its own, after it
+        again = json.loads((fresh / f"repeats/b_32/r{r}/baseline.json").read_text())
+        assert again["batch_size"] == own["batch_size"]
+        assert again["provenance"]["started"] > own["provenance"]["finished"]
+    gpu_study(fresh, "save")
+    names = subprocess.run(
+        ["tar", "tzf", "out/state.tar.gz"], cwd=fresh, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "repeats/b_32/r2/baseline.json" in names
+    assert "results/map/b_32/cells/baseline/max.json" in names
 
 
 def test_a_study_on_two_gpus_runs_in_one_snakemake_call(mirror, tmp_path):  # noqa: F811

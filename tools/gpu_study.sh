@@ -35,6 +35,9 @@
 # unclaimed point whose estimate still fits, so every point's searches and cells run on one GPU
 # (logs/study-run-gpuG.log; the host's pinned memory is shared: memopt.runtime.offload); another
 # study on N GPUs runs the targets that N GPUs finish before the deadline in one Snakemake call.
+# STUDY_REPEATS='POINT:TECH[,TECH...]:N' (a map study): once a GPU has no point left to run (the
+# first such GPU), it runs those whole cells N more times each before the deadline, into repeats/
+# (run_repeats): how far a cell at the maximum moves between runs on one card.
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -160,7 +163,44 @@ run_targets() {  # the background job: each target while its estimate fits befor
     echo "== $target (estimate ${est}s, ${left}s left) at $(date -u +%T)"
     run_files "$files" || { echo "== $target FAILED"; break; }
   done
+  [ -z "${STUDY_REPEATS:-}" ] || run_repeats "${CUDA_VISIBLE_DEVICES:-0}" "$deadline" "$(( $(date +%s) - (SECONDS - t0) ))"
   echo "== piece finished at $(date -u +%T) after $(( SECONDS - t0 )) s"
+}
+
+run_repeats() {  # STUDY_REPEATS='POINT:TECH[,TECH...]:N' on GPU $1 (deadline $2 s after $3):
+  # each cell N more times, in a copy of this folder (the study's own cells, logs and Snakemake
+  # records stay as they are: a save mid-repeat keeps the point whole), after this folder's warm
+  # worker on that GPU has idled out (a second one would hold memory beside it); the cells that
+  # come back go to repeats/POINT/rR/TECH.json (`save` keeps them), a line each to the run's log
+  # (Snakemake's own output: logs/repeats-gpuG.log)
+  local g=$1 deadline=$2 t0=$3 point techs n copy=/tmp/memopt-repeats-$1 r t f base log=$PWD/logs/repeats-gpu$1.log
+  IFS=: read -r point techs n <<< "$STUDY_REPEATS"
+  for t in ${techs//,/ }; do
+    [ -f "results/map/$point/cells/$t/max.json" ] \
+      || { echo "== gpu $g: repeats: $point has no $t cell here (STUDY_REPEATS=$STUDY_REPEATS)"; return; }
+  done
+  [ $(( deadline - ($(date +%s) - t0) )) -gt 125 ] || return 0
+  sleep "${STUDY_REPEAT_IDLE_S:-65}"  # worker.idle_s (60 s) and a margin (the CPU test: 0)
+  rm -rf "$copy" && cp -a . "$copy" && rm -rf "$copy/repeats" || return 1
+  base=$(ls -d "repeats/$point"/r* 2>/dev/null | wc -l)  # (a later piece's repeats follow on)
+  for ((r = base + 1; r <= base + ${n:-3}; r++)); do
+    for t in ${techs//,/ }; do
+      [ $(( deadline - ($(date +%s) - t0) )) -ge 60 ] || { echo "== gpu $g: repeats stopped at the deadline"; return 0; }
+      f=results/map/$point/cells/$t/max.json
+      rm -f "$copy/$f"
+      (cd "$copy" && CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1 SMK_NOLOCK=1 smk "$f" >> "$log" 2>&1) \
+        || { echo "== gpu $g: repeat $r of $point $t FAILED"; continue; }
+      mkdir -p "repeats/$point/r$r" && cp "$copy/$f" "repeats/$point/r$r/$t.json"
+      python3 - "repeats/$point/r$r/$t.json" "$g" "$r" "$point" "$t" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+retries = (c.get("allocator_events") or {}).get("alloc_retries")
+print(f"== gpu {sys.argv[2]}: repeat {sys.argv[3]} of {sys.argv[4]} {sys.argv[5]} at batch "
+      f"{c['batch_size']}: {c['tokens_per_s']:,.0f} tokens/s, {retries} cudaMalloc retries in "
+      f"{c['timed_steps']} timed steps ({c['provenance'].get('gpu_uuid')})")
+PY
+    done
+  done
 }
 
 run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points from one queue
@@ -187,6 +227,9 @@ run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points 
           || echo "== gpu $g: $target FAILED: $(grep -E "$ERRORS" "logs/study-run-gpu$g.log" | tail -1)"
         echo "== gpu $g: $target ended at $(date -u +%T)"
       done
+      if [ -n "${STUDY_REPEATS:-}" ] && mkdir "$claims/repeats" 2>/dev/null; then
+        run_repeats "$g" "$deadline" "$t0"  # the first GPU with no point left
+      fi
     ) &
   done
   wait
@@ -265,7 +308,7 @@ case ${1:-} in
       [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned || run=run_parallel
     fi
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE ERRORS); $(declare -f smk target_files run_files run_targets run_pinned all_exist run_parallel); $run $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} STUDY_REPEATS=${STUDY_REPEATS:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE ERRORS); $(declare -f smk target_files run_files run_targets run_repeats run_pinned all_exist run_parallel); $run $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
@@ -310,7 +353,7 @@ PY
       cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
     done
     tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
-      data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures 2>/dev/null)
+      data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures repeats 2>/dev/null)
     ls -la "$OUT"
     ;;
   cells)  # every technique of the config at one batch, e.g. the other GPU's: $OUT/cells/T/B.json

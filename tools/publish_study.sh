@@ -6,7 +6,8 @@
 # DEST gets config.yaml (the study as run: config.yaml with the offline corpus), results/ (cells,
 # searches, Snakemake benchmarks, summary.csv), data/ (corpus, token and tokenizer statistics; not
 # the corpus), logs/ (every rule's log; study-pieces.log: which machine ran which piece; study-run.log:
-# when each target started) and paper/ (md, tex, pdf, figures),
+# when each target started), repeats/ where the state has them (STUDY_REPEATS: cells run again) and
+# paper/ (md, tex, pdf, figures),
 # rendered by:  memopt paper --config DEST/config.yaml --results DEST/results --data DEST/data --out DEST/paper --pdf
 set -euo pipefail
 state=${1:?usage: publish_study.sh STATE.tar.gz DEST [DATASET]}
@@ -23,6 +24,7 @@ cp "$tmp/data/corpus/stats.json" "$dest/data/corpus/"
 cp "$tmp/data/tokens/meta.json" "$dest/data/tokens/"
 cp "$tmp/data/tokenizer/spm.json" "$dest/data/tokenizer/"
 cp -r "$tmp/logs" "$dest/logs"
+[ ! -d "$tmp/repeats" ] || cp -r "$tmp/repeats" "$dest/repeats"  # gpu_study.sh STUDY_REPEATS
 python3 - "$dest/config.yaml" "$dataset" "${STUDY_CONFIG:-config.yaml}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open(sys.argv[3]))
