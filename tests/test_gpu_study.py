@@ -129,30 +129,44 @@ def test_a_map_on_two_gpus_runs_each_point_on_one(mirror, tmp_path):  # noqa: F8
     shutil.copytree(mirror.path, fresh / ".corpus")
     (fresh / ".study").mkdir()
     shutil.copy(wd / "out/state.tar.gz", fresh / ".study/state.tar.gz")
-    # ... and then repeats b_32's cell twice (STUDY_REPEATS) in a copy of the folder
+    # ... on two GPUs, and the first GPU done once b_32 is whole (STUDY_REDO runs it again in
+    # this piece) repeats b_32's cell twice (STUDY_REPEATS) in a copy of the folder
     assert "STUDY_REDO: map point b_32 runs again" in gpu_study(
         fresh,
         "start",
         "1000",
         STUDY_REDO="^b_32$",
+        STUDY_GPUS="2",
         STUDY_REPEATS="b_32:baseline:2",
-        STUDY_REPEAT_IDLE_S="0",
     )
     log = gpu_study(fresh, "wait", "600")
     assert "== piece finished" in log and "FAILED" not in log, log
-    assert sorted(re.findall(r"== point:(\S+) \(", log)) == ["a_32", "b_32"], log
+    assert sorted(re.findall(r"point:(\S+) \(estimate", log)) == ["a_32", "b_32"], log
     runlog = (fresh / "logs/study-run.log").read_text()
-    assert len(re.findall(r"== gpu 0: repeat [12] of b_32 baseline at batch \d+: ", runlog)) == 2
+    assert len(re.findall(r"== gpu \d: repeat [12] of b_32 baseline at batch \d+: ", runlog)) == 2
     own = json.loads((fresh / "results/map/b_32/cells/baseline/max.json").read_text())
     for r in (1, 2):  # the study's own cell stays; each repeat is a run of its own, after it
         again = json.loads((fresh / f"repeats/b_32/r{r}/baseline.json").read_text())
         assert again["batch_size"] == own["batch_size"]
         assert again["provenance"]["started"] > own["provenance"]["finished"]
+    # the copy's warm workers were asked to exit (they would hold a GPU's memory)
+    assert not [
+        pid
+        for pid in filter(str.isdigit, os.listdir("/proc"))
+        if os.path.exists(f"/proc/{pid}/cwd")
+        and os.path.realpath(f"/proc/{pid}/cwd").startswith("/tmp/memopt-repeats-")
+        and "memopt.run.worker" in open(f"/proc/{pid}/cmdline", "rb").read().decode()
+    ]
+    # a later piece's repeats follow on after the highest round (r3, not a count of rounds)
+    shutil.rmtree(fresh / "repeats/b_32/r1")
+    gpu_study(fresh, "start", "1000", STUDY_GPUS="2", STUDY_REPEATS="b_32:baseline:1")
+    assert "== piece finished" in gpu_study(fresh, "wait", "600")
+    assert sorted(p.name for p in (fresh / "repeats/b_32").iterdir()) == ["r2", "r3"]
     gpu_study(fresh, "save")
     names = subprocess.run(
         ["tar", "tzf", "out/state.tar.gz"], cwd=fresh, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert "repeats/b_32/r2/baseline.json" in names
+    assert "repeats/b_32/r3/baseline.json" in names
     assert "results/map/b_32/cells/baseline/max.json" in names
 
 

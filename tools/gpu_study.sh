@@ -35,9 +35,9 @@
 # unclaimed point whose estimate still fits, so every point's searches and cells run on one GPU
 # (logs/study-run-gpuG.log; the host's pinned memory is shared: memopt.runtime.offload); another
 # study on N GPUs runs the targets that N GPUs finish before the deadline in one Snakemake call.
-# STUDY_REPEATS='POINT:TECH[,TECH...]:N' (a map study): once a GPU has no point left to run (the
-# first such GPU), it runs those whole cells N more times each before the deadline, into repeats/
-# (run_repeats): how far a cell at the maximum moves between runs on one card.
+# STUDY_REPEATS='POINT:TECH[,TECH...]:N' (a map study): the first GPU with no point left to run,
+# once that point is whole here, runs those cells N more times each before the deadline, into
+# repeats/ (run_repeats): how far a cell at the maximum moves between runs on one card.
 #
 # `start DEADLINE_S` runs the targets below in order, each only while its estimate still fits
 # before the deadline (seconds after start); the rest waits for the next machine.
@@ -167,30 +167,75 @@ run_targets() {  # the background job: each target while its estimate fits befor
   echo "== piece finished at $(date -u +%T) after $(( SECONDS - t0 )) s"
 }
 
+stop_workers() {  # memopt's warm workers that run in folder $1 on GPU $2 (CUDA_VISIBLE_DEVICES),
+  # asked to exit (each idle here: its GPU has no job left) and waited for
+  python3 - "$1" "$2" <<'PY'
+import json, os, socket, sys, time
+folder, gpu = os.path.realpath(sys.argv[1]), sys.argv[2]
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+        env = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace").split("\0")
+        cwd = os.path.realpath(f"/proc/{pid}/cwd")
+    except OSError:
+        continue
+    if "memopt.run.worker" not in argv or cwd != folder or f"CUDA_VISIBLE_DEVICES={gpu}" not in env:
+        continue
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        try:
+            s.connect(argv[argv.index("memopt.run.worker") + 1])
+            s.sendall(b'{"op": "exit"}\n')
+            s.makefile("rb").readline()
+        except OSError:
+            pass
+    for _ in range(300):
+        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+PY
+}
+
+repeats_ready() {  # whether STUDY_REPEATS's cells are all here (whole) to be repeated
+  local point techs t
+  IFS=: read -r point techs _ <<< "$STUDY_REPEATS"
+  for t in ${techs//,/ }; do [ -f "results/map/$point/cells/$t/max.json" ] || return 1; done
+}
+
 run_repeats() {  # STUDY_REPEATS='POINT:TECH[,TECH...]:N' on GPU $1 (deadline $2 s after $3):
-  # each cell N more times, in a copy of this folder (the study's own cells, logs and Snakemake
-  # records stay as they are: a save mid-repeat keeps the point whole), after this folder's warm
-  # worker on that GPU has idled out (a second one would hold memory beside it); the cells that
-  # come back go to repeats/POINT/rR/TECH.json (`save` keeps them), a line each to the run's log
-  # (Snakemake's own output: logs/repeats-gpuG.log)
-  local g=$1 deadline=$2 t0=$3 point techs n copy=/tmp/memopt-repeats-$1 r t f base log=$PWD/logs/repeats-gpu$1.log
+  # each cell N more times, in a copy of the study's sources, data and that point's results (the
+  # study's own cells, logs and Snakemake records stay as they are: a save mid-repeat keeps the
+  # point whole), once this folder's warm worker on that GPU has exited (a second one would hold
+  # memory beside it); the cells that come back go to repeats/POINT/rR/TECH.json (`save` keeps
+  # them), a line each to the run's log (Snakemake's own output: logs/repeats-gpuG.log)
+  local g=$1 deadline=$2 t0=$3 point techs n copy=/tmp/memopt-repeats-$1 r t f base took=60 start
+  local log=$PWD/logs/repeats-gpu$1.log
   IFS=: read -r point techs n <<< "$STUDY_REPEATS"
-  for t in ${techs//,/ }; do
-    [ -f "results/map/$point/cells/$t/max.json" ] \
-      || { echo "== gpu $g: repeats: $point has no $t cell here (STUDY_REPEATS=$STUDY_REPEATS)"; return; }
+  repeats_ready || { echo "== gpu $g: repeats: $point has not every cell of $techs here"; return 0; }
+  stop_workers . "$g"
+  rm -rf "$copy" && mkdir -p "$copy/results/map" "$copy/.snakemake" || return 0
+  local copied=1
+  for f in * .corpus .memopt-study; do  # not the other GPUs' results, logs and Snakemake files
+    case $f in results | logs | repeats) ;; *) [ ! -e "$f" ] || cp -a "$f" "$copy/" || copied=0 ;; esac
   done
-  [ $(( deadline - ($(date +%s) - t0) )) -gt 125 ] || return 0
-  sleep "${STUDY_REPEAT_IDLE_S:-65}"  # worker.idle_s (60 s) and a margin (the CPU test: 0)
-  rm -rf "$copy" && cp -a . "$copy" && rm -rf "$copy/repeats" || return 1
-  base=$(ls -d "repeats/$point"/r* 2>/dev/null | wc -l)  # (a later piece's repeats follow on)
-  for ((r = base + 1; r <= base + ${n:-3}; r++)); do
+  [ $copied = 1 ] && cp -a "results/map/$point" "$copy/results/map/" \
+    && cp -a .snakemake/metadata "$copy/.snakemake/" \
+    || { echo "== gpu $g: repeats: copying the study failed"; return 0; }
+  # the next free round (the highest before, not a count: a round where every cell failed leaves none)
+  base=$(ls "repeats/$point" 2>/dev/null | sed -n 's/^r\([0-9]*\)$/\1/p' | sort -n | tail -1)
+  for ((r = ${base:-0} + 1; r <= ${base:-0} + ${n:-3}; r++)); do
     for t in ${techs//,/ }; do
-      [ $(( deadline - ($(date +%s) - t0) )) -ge 60 ] || { echo "== gpu $g: repeats stopped at the deadline"; return 0; }
-      f=results/map/$point/cells/$t/max.json
+      # a cell starts only while the longest so far (60 s before the first) and a minute fit
+      if [ $(( deadline - ($(date +%s) - t0) )) -lt $(( took + 60 )) ]; then
+        echo "== gpu $g: repeats stopped before the deadline (round $r, $t)"; stop_workers "$copy" "$g"; return 0
+      fi
+      f=results/map/$point/cells/$t/max.json start=$(date +%s)
       rm -f "$copy/$f"
       (cd "$copy" && CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1 SMK_NOLOCK=1 smk "$f" >> "$log" 2>&1) \
-        || { echo "== gpu $g: repeat $r of $point $t FAILED"; continue; }
-      mkdir -p "repeats/$point/r$r" && cp "$copy/$f" "repeats/$point/r$r/$t.json"
+        || { echo "== gpu $g: repeat $r of $point $t FAILED (logs/repeats-gpu$g.log)"; continue; }
+      took=$(( $(date +%s) - start > took ? $(date +%s) - start : took ))
+      mkdir -p "repeats/$point/r$r" && cp "$copy/$f" "repeats/$point/r$r/.$t.json.tmp" \
+        && mv -f "repeats/$point/r$r/.$t.json.tmp" "repeats/$point/r$r/$t.json"  # (whole in a save)
       python3 - "repeats/$point/r$r/$t.json" "$g" "$r" "$point" "$t" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
@@ -201,6 +246,7 @@ print(f"== gpu {sys.argv[2]}: repeat {sys.argv[3]} of {sys.argv[4]} {sys.argv[5]
 PY
     done
   done
+  stop_workers "$copy" "$g"  # its GPU free again
 }
 
 run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points from one queue
@@ -227,8 +273,10 @@ run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points 
           || echo "== gpu $g: $target FAILED: $(grep -E "$ERRORS" "logs/study-run-gpu$g.log" | tail -1)"
         echo "== gpu $g: $target ended at $(date -u +%T)"
       done
-      if [ -n "${STUDY_REPEATS:-}" ] && mkdir "$claims/repeats" 2>/dev/null; then
-        run_repeats "$g" "$deadline" "$t0"  # the first GPU with no point left
+      # the first GPU with no point left whose repeats' cells are here (a point of this piece
+      # may still be running on another GPU)
+      if [ -n "${STUDY_REPEATS:-}" ] && repeats_ready && mkdir "$claims/repeats" 2>/dev/null; then
+        run_repeats "$g" "$deadline" "$t0"
       fi
     ) &
   done
@@ -308,7 +356,7 @@ case ${1:-} in
       [[ "${TARGETS[0]}" == point:* ]] && run=run_pinned || run=run_parallel
     fi
     MEMOPT_GIT_COMMIT=${MEMOPT_GIT_COMMIT:?set MEMOPT_GIT_COMMIT to the commit being run} \
-      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} STUDY_REPEATS=${STUDY_REPEATS:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE ERRORS); $(declare -f smk target_files run_files run_targets run_repeats run_pinned all_exist run_parallel); $run $2" \
+      STUDY_MAX_TARGETS=${STUDY_MAX_TARGETS:-} STUDY_ONLY=${STUDY_ONLY:-} STUDY_ONE_CALL=${STUDY_ONE_CALL:-} STUDY_GPUS=${STUDY_GPUS:-1} STUDY_REPEATS=${STUDY_REPEATS:-} setsid nohup bash -c "$(declare -p TARGETS CORPUS CONFIGFILE ERRORS); $(declare -f smk target_files run_files run_targets stop_workers repeats_ready run_repeats run_pinned all_exist run_parallel); $run $2" \
       >> "$RUNLOG" 2>&1 < /dev/null &
     echo "launched (pid $!)"
     ;;
@@ -352,7 +400,7 @@ PY
       echo "save: map point $p has ${s#*:} techniques done: left out of the state (it runs again, whole)"
       cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
     done
-    tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
+    tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' --exclude='.*.tmp' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \
       data/corpus/stats.json data/tokens/meta.json data/tokenizer/spm.* $(ls -d paper/paper.* paper/figures repeats 2>/dev/null)
     ls -la "$OUT"
     ;;
