@@ -179,8 +179,9 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         cwd = os.path.realpath(f"/proc/{pid}/cwd")
     except OSError:
         continue
-    if "memopt.run.worker" not in argv or cwd != folder or f"CUDA_VISIBLE_DEVICES={gpu}" not in env:
-        continue
+    seen = [v.split("=", 1)[1] for v in env if v.startswith("CUDA_VISIBLE_DEVICES=")]
+    if "memopt.run.worker" not in argv or cwd != folder or seen not in ([gpu], [] if gpu == "0" else None):
+        continue  # (unset: a one-GPU machine's, on its GPU 0)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(30)
         try:
