@@ -170,7 +170,9 @@ run_targets() {  # the background job: each target while its estimate fits befor
 stop_workers() {  # memopt's warm workers that run in folder $1 on GPU $2 (CUDA_VISIBLE_DEVICES),
   # asked to exit (each idle here: its GPU has no job left) and waited for
   python3 - "$1" "$2" <<'PY'
-import json, os, socket, sys, time
+import os, sys, time
+from pathlib import Path
+from memopt.run.worker import _exchange  # the workers' own protocol
 folder, gpu = os.path.realpath(sys.argv[1]), sys.argv[2]
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
@@ -182,16 +184,12 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     seen = [v.split("=", 1)[1] for v in env if v.startswith("CUDA_VISIBLE_DEVICES=")]
     if "memopt.run.worker" not in argv or cwd != folder or seen not in ([gpu], [] if gpu == "0" else None):
         continue  # (unset: a one-GPU machine's, on its GPU 0)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(30)
+    _exchange(Path(argv[argv.index("memopt.run.worker") + 1]), {"op": "exit"})
+    for _ in range(300):  # gone, or a zombie no one reaps
         try:
-            s.connect(argv[argv.index("memopt.run.worker") + 1])
-            s.sendall(b'{"op": "exit"}\n')
-            s.makefile("rb").readline()
+            if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                break
         except OSError:
-            pass
-    for _ in range(300):
-        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
             break
         time.sleep(0.1)
 PY
@@ -234,7 +232,7 @@ run_repeats() {  # STUDY_REPEATS='POINT:TECH[,TECH...]:N' on GPU $1 (deadline $2
       rm -f "$copy/$f"
       (cd "$copy" && CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1 SMK_NOLOCK=1 smk "$f" >> "$log" 2>&1) \
         || { echo "== gpu $g: repeat $r of $point $t FAILED (logs/repeats-gpu$g.log)"; continue; }
-      took=$(( $(date +%s) - start > took ? $(date +%s) - start : took ))
+      start=$(( $(date +%s) - start )) && took=$(( start > took ? start : took ))
       mkdir -p "repeats/$point/r$r" && cp "$copy/$f" "repeats/$point/r$r/.$t.json.tmp" \
         && mv -f "repeats/$point/r$r/.$t.json.tmp" "repeats/$point/r$r/$t.json"  # (whole in a save)
       python3 - "repeats/$point/r$r/$t.json" "$g" "$r" "$point" "$t" <<'PY'
