@@ -24,6 +24,7 @@ from memopt.report.map_analysis import (
     where_run,
 )
 from memopt.report.map_figures import CLOSE
+from memopt.report.map_repeats import repeat_spread
 from memopt.report.map_results import (
     BREAKDOWN,
     LIMIT_MARKS,
@@ -66,8 +67,10 @@ def _models(config: dict, vocab: int) -> list[dict]:
     return list(out.values())
 
 
-def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, config) -> dict:
-    """Everything the map paper's templates use (`table`: results/map.csv as a DataFrame)."""
+def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, config,
+                repeats_dir=None) -> dict:  # fmt: skip
+    """Everything the map paper's templates use (`table`: results/map.csv as a DataFrame;
+    `repeats_dir`: a published study's repeats/, beside its results/, where it has one)."""
     rows = [{k: _clean(v) for k, v in r.items()} for r in table.to_dict(orient="records")]
     tokens = read_json(token_meta)
     reference = findings["reference"]
@@ -147,6 +150,9 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "shares": share_ranges(rows, reference),
         "speed": speed_summary(findings), "speed_clear": findings.get("speed_clear"),
         "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
+        "repeats": repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results",
+                                 findings["speed_clear"], findings["speed_clear_retried"])
+        if repeats_dir and findings.get("speed_clear") else None,
         "n_kinds": len(BREAKDOWN), "dodge": CLOSE - 1,
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "scores": kept_scores(rows, models, specs),
@@ -239,12 +245,12 @@ def map_tables(ctx: dict) -> dict[str, Table]:
 
 
 def render_map_paper(table_csv, findings_json, search_paths, corpus_stats, token_meta, config,
-                     figures_dir, templates_dir, out_md, out_tex) -> None:  # fmt: skip
+                     figures_dir, templates_dir, out_md, out_tex, repeats_dir=None) -> None:  # fmt: skip
     """map.md.j2 -> out_md and map.tex.j2 -> out_tex; nothing is written unless both render."""
     import pandas as pd
 
     ctx = map_context(pd.read_csv(table_csv), read_json(findings_json), search_paths, corpus_stats,
-                      token_meta, config)  # fmt: skip
+                      token_meta, config, repeats_dir)  # fmt: skip
     ctx["tables"] = map_tables(ctx)
     templates = Path(templates_dir)
     md_env = make_environment(templates, False)
@@ -292,4 +298,5 @@ def map_paper_from_results(study: dict, results: Path, data: Path, out: Path, te
     render_all(builders(table, reference), out / "figures", processes=os.cpu_count() or 1)
     render_map_paper(results / "map.csv", results / "map_findings.json", searches,
                      data / "corpus" / "stats.json", data / "tokens" / "meta.json", study,
-                     out / "figures", templates, out / "paper.md", out / "paper.tex")  # fmt: skip
+                     out / "figures", templates, out / "paper.md", out / "paper.tex",
+                     results.parent / "repeats")  # fmt: skip

@@ -65,7 +65,8 @@ def _map(root: Path, templates: Path, render, config: dict) -> dict:
                 for p in map_points(map_config) for t in map_config["techniques"]]  # fmt: skip
     ctx = map_context(pd.read_csv(root / "results/map.csv"),
                       read_json(root / "results/map_findings.json"), searches,
-                      root / "data/corpus/stats.json", root / "data/tokens/meta.json", map_config)  # fmt: skip
+                      root / "data/corpus/stats.json", root / "data/tokens/meta.json", map_config,
+                      root / "repeats")  # fmt: skip
     # in another paper: no protocol sentence, and no memory shares or throughput (their figure
     # and tables stay in the map's own paper)
     ctx["linked"] = True

@@ -1,0 +1,77 @@
+"""A map study's repeats (tools/gpu_study.sh STUDY_REPEATS, published beside its results as
+repeats/POINT/rN/TECHNIQUE.json): cells at a point's maxima run again at the same batch, on one
+GPU, to show how far one cell's tokens/s moves from run to run, with and without cudaMalloc
+retries. The map paper's speed thresholds (memopt.report.map_results.SPEED_CLEAR) are read
+against them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memopt.fileio import read_json
+
+
+def _run(cell: dict) -> dict | None:
+    """One timed run: its tokens/s, retries, timed steps and GPU (None: not timed)."""
+    tps = cell.get("tokens_per_s")
+    if cell.get("status") != "ok" or not tps:
+        return None
+    events = cell.get("allocator_events") or {}
+    return {"tokens_per_s": tps, "retries": events.get("alloc_retries"),
+            "timed_steps": cell.get("timed_steps"),
+            "gpu": (cell.get("provenance") or {}).get("gpu_uuid")}  # fmt: skip
+
+
+def _spread(runs: list[dict]) -> float:
+    """The largest run's tokens/s over the smallest's, less 1 (0.034: 3.4%)."""
+    tps = [r["tokens_per_s"] for r in runs]
+    return max(tps) / min(tps) - 1
+
+
+def repeat_spread(repeats: Path, results: Path, clear: float, clear_retried: float) -> dict | None:
+    """Per repeated cell its runs and their spread on the repeats' card (with the point's own run,
+    results/map/POINT/cells/TECHNIQUE/max.json, where it ran on that card) and with the own run
+    wherever it ran; the largest spreads on one card where a cell retried and where it did not;
+    None where there are no repeats. A ratio at the reference's batch compares two cells of one
+    point, so of one card: `below` says whether two cells, each moved by its kind's largest spread
+    in opposite directions, stay under the paper's thresholds (`clear` where neither retried,
+    `clear_retried` where one did: (1 + spread)^2 below each)."""
+    files = sorted(Path(repeats).glob("*/r*/*.json"))
+    if not files:
+        return None
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for f in files:
+        run = _run(read_json(f))
+        if run is not None:
+            groups.setdefault((f.parent.parent.name, f.stem), []).append(run)
+    cells = []
+    for (point, technique), runs in groups.items():
+        own_path = Path(results) / "map" / point / "cells" / technique / "max.json"
+        own = _run(read_json(own_path)) if own_path.exists() else None
+        every = runs + ([own] if own else [])
+        elsewhere = bool(own and own["gpu"] not in {r["gpu"] for r in runs})
+        card = runs if elsewhere or not own else every  # the runs on the repeats' card
+        cells.append({
+            "point": point, "technique": technique, "runs": runs, "own": own,
+            "retried": any(r["retries"] for r in every),
+            "spread": _spread(card) if len(card) > 1 else None,
+            "with_own": _spread(every) if own else None, "own_elsewhere": elsewhere,
+        })  # fmt: skip
+    if not cells:
+        return None
+
+    def most(retried: bool, key: str):
+        values = [c[key] for c in cells if c["retried"] == retried and c[key] is not None]
+        return max(values) if values else None
+
+    retried_max, clean_max = most(True, "spread"), most(False, "spread")
+    return {
+        "cells": cells, "points": sorted({c["point"] for c in cells}),
+        "n_runs": min(len(c["runs"]) for c in cells),
+        "gpus": sorted({r["gpu"] for c in cells for r in c["runs"] if r["gpu"]}),
+        "retried_max": retried_max, "clean_max": clean_max,
+        "with_own_max": max((c["with_own"] for c in cells if c["with_own"] is not None), default=None),
+        "own_elsewhere": any(c["own_elsewhere"] for c in cells),
+        "below": (retried_max is None or (1 + retried_max) ** 2 < clear_retried)
+                 and (clean_max is None or (1 + clean_max) ** 2 < clear),
+    }  # fmt: skip
