@@ -74,10 +74,13 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     # one noise rule, said: the map's speed thresholds are its own, and Method says so
     rule = "Everywhere but Results across the map, which states its own rule, two cells are"
     assert rule + " *within noise* of each other when" in md and rule in tex
-    assert "this paper's within-noise rule (Method) is not used here, since 5 of the map's 23 " \
+    assert "(this paper's within-noise rule, in Method, is not used here: 5 of the map's 23 " \
            "cells, at the edge of memory, retried cudaMalloc, and a cell's 95% interval covers " \
-           "its own run's retries, not another run's." in section  # fmt: skip
-    assert "(memopt's reruns of map cells on H100s, in `studies/h100-map-pieces/README.md`)" in section
+           "its own run's retries, not another run's)." in section  # fmt: skip
+    assert (
+        "on H100s (memopt's reruns of map cells, in `studies/h100-map-pieces/README.md`)."
+        in section
+    )
     assert "(the map study's Limitations)" in section and "(Limitations)" not in section
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"
     assert rows["`bf16`"]["Δ val loss"] == "0.015 [-0.049, 0.079]"  # 0.01 and 0.02 over 2 seeds
