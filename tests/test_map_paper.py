@@ -121,6 +121,23 @@ def write_results(root: Path, variant: bool | str = False) -> dict:
     return cfg
 
 
+def context_and_environment(root: Path):
+    """The map paper's context for a map rendered under `root`, and a Markdown environment
+    with the map paper's filters: for rendering one template with a changed context."""
+    from memopt.report.map_paper import listed, map_context, span
+    from memopt.report.paper_format import make_environment
+
+    cfg = yaml.safe_load((root / "config.yaml").read_text())
+    searches = [root / "results/map" / p / "search" / f"{t}.json"
+                for p in map_points(cfg) for t in cfg["techniques"]]  # fmt: skip
+    ctx = map_context(pd.read_csv(root / "results/map.csv"),
+                      json.loads((root / "results/map_findings.json").read_text()), searches,
+                      root / "data/corpus/stats.json", root / "data/tokens/meta.json", cfg)  # fmt: skip
+    env = make_environment(ROOT / "paper" / "templates", False)
+    env.filters.update(span=span, listed=listed)
+    return ctx, env
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("map")
@@ -291,8 +308,7 @@ def test_the_headline_parts_host_from_gpu_and_names_the_references_retries(rende
     # the conclusion says who pays everywhere, who only somewhere, who nowhere
     conclusion = (root / "paper/paper.md").read_text().split("## 6 Conclusion")[1]
     assert "a technique pays at 1.10×: `offload` at every point measured; `window` at some " \
-           "points only (Section 4 gives where each starts, computed from Table 2); `fp32` " \
-           "nowhere." in conclusion  # fmt: skip
+           "points only; `fp32` nowhere." in conclusion  # fmt: skip
 
 
 def test_a_technique_that_saves_fixed_memory_is_weighed_in_sequences(rendered):
@@ -313,8 +329,9 @@ def test_a_technique_that_saves_fixed_memory_is_weighed_in_sequences(rendered):
     at = "` and `".join(p for p, v in shares.items() if round(100 * v) == round(100 * share))
     assert ("**`window` saves memory once per step, not per token.** Its memory per token is "
             "`flash`'s (the fits' slopes within 1%) at all 6 points, and its fit starts 50 MiB "
-            f"lower: 0.39–0.78 of `flash`'s sequences, at most {100 * share:.0f}% (at `{at}`) "
-            f"of the {needs} more that training 1.10× `flash`'s batch takes.") in findings  # fmt: skip
+            "lower. That saving is 0.39–0.78 of `flash`'s sequences; training 1.10× `flash`'s "
+            f"batch takes {needs} more, and the saving meets at most {100 * share:.0f}% of that "
+            f"(at `{at}`).\n") in findings  # fmt: skip
     assert "**`offload` saves memory once" not in findings  # the same fit as flash: no saving
 
 
@@ -325,25 +342,16 @@ def test_kept_scores_are_measured_per_layer_head_and_pair(rendered):
     assert (
         "**`fp32`'s memory per token grows with the length.** It grows by 4.00 bytes per layer, "
         "query head and pair of tokens (measured between 32 and 64 tokens: `llama_s` 4.00), "
-        "against 4 bytes for one FP32 score: as if it kept about one score matrix per layer "
-        "and head.\n\n" in findings
+        "against 4 bytes for one FP32 score: consistent with keeping about one score matrix per "
+        "layer and head (each a line through two lengths).\n\n" in findings
     )  # fmt: skip  (a paragraph of its own)
     # models whose two fits are at different lengths: each model with its own lengths
-    from memopt.report.map_paper import listed, map_context, span
     from memopt.report.paper import _render
-    from memopt.report.paper_format import make_environment
 
-    cfg = yaml.safe_load((rendered / "config.yaml").read_text())
-    searches = [rendered / "results/map" / p / "search" / f"{t}.json"
-                for p in map_points(cfg) for t in cfg["techniques"]]  # fmt: skip
-    ctx = map_context(pd.read_csv(rendered / "results/map.csv"),
-                      json.loads((rendered / "results/map_findings.json").read_text()), searches,
-                      rendered / "data/corpus/stats.json", rendered / "data/tokens/meta.json", cfg)  # fmt: skip
+    ctx, env = context_and_environment(rendered)
     one = {"technique": "fp32", "score_bytes": 4, "about_one": True, "none_fits": []}
     ctx["scores"] = [{**one, "model": "a", "lengths": [32, 64], "bytes": 4.0},
                      {**one, "model": "b", "lengths": [64, 128], "bytes": 4.2}]  # fmt: skip
-    env = make_environment(ROOT / "paper" / "templates", False)
-    env.filters.update(span=span, listed=listed)
     text = _render(env, "map/findings.md.j2", ctx)
     assert "pair of tokens (`a` from 32 to 64 tokens: 4.00; `b` from 64 to 128 tokens: 4.20)" \
         in text  # fmt: skip
@@ -366,7 +374,8 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     assert window == {"gpt2_s": 64, "llama_s": 64, "llama_m": 64}
     findings = md.split("## 4 Findings")[1]
     # a group that holds every model (or length) says so rather than listing them
-    assert "**`window`.** Along the length: from 64 tokens (1.50× there) on all 3 models." \
+    # 64 tokens is the last length measured: "at", since beyond it the map says nothing
+    assert "**`window`.** Along the length: at 64 tokens (1.50× there) on all 3 models." \
         in findings  # fmt: skip
     assert "**`fp32`.**" not in findings  # it pays nowhere: one sentence for all such
     # offload pays at every point: one sentence, its range over the points; where it starts is
@@ -376,8 +385,8 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
         in findings
     )
     assert "from 32 tokens" not in md
-    assert "**Nowhere.** `fp32` trains at least 1.10× `flash`'s tokens per step at no length" \
-           " and no size measured." in findings  # fmt: skip
+    assert "**Nowhere.** `fp32` trains at least 1.10× `flash`'s tokens per step at none of " \
+           "the 6 points." in findings  # fmt: skip
     abstract = md.split("## Abstract")[1].split("## 1")[0]
     # the winner's cost in speed beside its gain, each at its own maximum (the synthetic cells
     # run 1,000 tokens/s a sequence: 4x the sequences, 4x the tokens/s)
@@ -385,16 +394,18 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     assert "`offload` trains the most tokens per step at every point, 4.0× as many as BF16 " \
            "`flash` where that fits a batch, at 4.00× `flash`'s tokens/s (each at its own " \
            "maximum; one cell or both retried cudaMalloc in their timed steps at 2 of the 6 " \
-           "points: see Limitations)." in abstract  # fmt: skip
+           "points: see Limitations); by the map's thresholds (Findings) faster at every point." \
+        in abstract  # fmt: skip
     assert "stopped the batch, so there it bounds what the GPU's memory allows only from below." \
         in abstract  # fmt: skip
-    # "B + 1 does not" says which limits refuse it: the slack's and the host's as well as memory
-    assert "and B + 1 does not: it runs out of memory, its peak comes within 256 MiB of the " \
-           "budget or its pinned host memory would pass its budget, half the host's memory over its " \
-           "GPUs)" in abstract  # fmt: skip
+    # "B + 1 does not" says which limits refuse it (Method): the slack's and the host's as well
+    assert "B + 1 runs out of memory, its peak comes within 256 MiB of the budget or, with " \
+           "offloaded activations, its pinned host memory would pass its budget (half the host's " \
+           "memory over its GPUs)." in md.split("## 2 Method")[1]  # fmt: skip
+    assert "the GPU's memory budget and the host's pinned-memory budget (Method)" in abstract
     # techniques that pay in the same places are named together
     assert "A technique pays where it trains at least 1.10× `flash`'s tokens per step: " \
-           "`window` from 64 tokens on all 3 models; `offload` at every point." in abstract  # fmt: skip
+           "`window` at 64 tokens on all 3 models; `offload` at every point." in abstract  # fmt: skip
     assert "`fp32` fits no batch at `llama_m_64`." in abstract
     assert "At `llama_m_32` and `llama_m_64` that maximum is the host's" in abstract  # offload's
     assert "24 of 24 searches proved a maximum" not in abstract  # one found no batch fits
@@ -458,7 +469,7 @@ def test_ties_a_reference_that_fits_nothing_and_a_split_point_are_said(tmp_path)
     assert "**At every point.** Against `flash`'s tokens per step where that fits a batch, " \
            "`offload` trains 4.0×.\n" in md  # fmt: skip
     # where a technique pays differently per model, each group is said
-    assert "tokens per step: `window` at every length measured on `gpt2_s`, from 64 tokens on " \
+    assert "tokens per step: `window` at every length measured on `gpt2_s`, at 64 tokens on " \
            "`llama_s` and `llama_m`; `offload` at every point." in abstract  # fmt: skip
 
 
@@ -472,7 +483,7 @@ def test_a_fixed_host_budget_is_said_where_the_hosts_share_would_be(tmp_path):
     main(["paper", "--config", str(tmp_path / "config.yaml"), "--results", str(tmp_path / "results"),
           "--data", str(tmp_path / "data"), "--out", str(tmp_path / "paper")])  # fmt: skip
     md = (tmp_path / "paper/paper.md").read_text()
-    assert "would pass its budget, search.host_pinned_gib, the same on every host)" in md
+    assert "would pass its budget (search.host_pinned_gib, the same on every host)." in md
     assert "a search refuses to pin more than 60 GiB a GPU (search.host_pinned_gib, the same " \
            "on every host)." in md  # fmt: skip
     assert "half the host's memory" not in md
@@ -517,10 +528,10 @@ def test_a_one_sequence_gain_is_said_to_be_one_sequence(tmp_path):
           "--data", str(tmp_path / "data"), "--out", str(tmp_path / "paper")])  # fmt: skip
     md = (tmp_path / "paper/paper.md").read_text()
     abstract = md.split("## Abstract")[1].split("## 1")[0]
-    assert "`window` from 64 tokens on all 3 models (one sequence more than `flash`)" in abstract
+    assert "`window` at 64 tokens on all 3 models (one sequence more than `flash`)" in abstract
     assert "`fp32` fits no batch at any point." in abstract
     findings = md.split("## 4 Findings")[1]
-    assert "**`window`.** Along the length: from 64 tokens (2.00× there, one sequence more than " \
+    assert "**`window`.** Along the length: at 64 tokens (2.00× there, one sequence more than " \
            "`flash`'s maximum) on all 3 models." in findings  # fmt: skip
     assert (
         "`offload` at every point." in abstract

@@ -78,8 +78,8 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
            "cells, at the edge of memory, retried cudaMalloc, and a cell's 95% interval covers " \
            "its own run's retries, not another run's)." in section  # fmt: skip
     assert (
-        "on H100s (memopt's reruns of map cells, in `studies/h100-map-pieces/README.md`)."
-        in section
+        "on H100s (up to 19% across cards and 14% on one card: memopt's reruns of map cells, in "
+        "`studies/h100-map-pieces/README.md`)." in section
     )
     assert "(the map study's Limitations)" in section and "(Limitations)" not in section
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"

@@ -15,7 +15,8 @@ from memopt.report.map_results import BREAKDOWN
 def pay_groups(found: list[dict], axis: str) -> list[dict]:
     """The findings of one technique along one axis, grouped by where it starts to pay:
     [{from, everywhere (`from` is the first value measured: it pays wherever measured, where it
-    starts is not seen), ratio_min, ratio_max, one_more (at every `from` of the group the
+    starts is not seen), last (`from` is the last value measured: "at", not "from"), ratio_min,
+    ratio_max, one_more (at every `from` of the group the
     technique's maximum is one sequence above the reference's), at: [fixed values]}], the paying
     groups first, by `from`."""
     groups: dict = {}
@@ -27,6 +28,10 @@ def pay_groups(found: list[dict], axis: str) -> list[dict]:
         g = groups.setdefault((f["from"], first), {"from": f["from"], "everywhere": first,
                                                   "at": [], "ratios": [], "one_more": True})  # fmt: skip
         g["at"].append(f["at"])
+        # `from` is the last value measured: it pays there, and beyond it the map says nothing
+        g["last"] = (
+            g.get("last", True) and f["from"] is not None and float(f["from"]) == measured[-1]
+        )
         g["one_more"] = g["one_more"] and bool(f.get("one_more"))
         if f["ratio"] is not None:  # None: the reference fits no batch there
             g["ratios"].append(f["ratio"])
@@ -154,7 +159,7 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     case for telling two techniques' maxima apart: {mib, n, point, point_mib, sequence_mib (the
     reference's sequence there), batch (its maximum there), moves (the most sequences that spread
     can move a maximum by), one_apart ([{technique, batch, settled, ...}] one sequence from the
-    reference's there, with what its trials show: _settled)}, or None. A search's
+    reference's there, with what its trials show: _settled, and gap_mib: _gap)}, or None. A search's
     budget is what the GPU had free when it began, so two searches at one point can differ by this
     much for no reason of their techniques."""
     by_point: dict = {}  # point -> technique -> its search
@@ -175,12 +180,22 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
     at = by_point[point]
     # techniques one sequence from the reference there: a difference the budget alone can make
     near = [{"technique": r["technique"], "batch": r["max_batch"],
+             "gap_mib": _gap(at.get(r["technique"]), at.get(reference), r["max_batch"] > ref),
              **_settled(at.get(r["technique"]), at.get(reference), r["max_batch"], ref)}
             for r in rows if r["point"] == point and r["technique"] != reference and ref
             and r["max_batch"] and abs(r["max_batch"] - ref) == 1]  # fmt: skip
     return {"mib": mib, "n": worst, "point": point, "point_mib": worst * per_seq[point],
             "sequence_mib": per_seq[point], "batch": ref, "one_apart": near,
             "moves": math.ceil(worst)}  # fmt: skip
+
+
+def _gap(mine: dict | None, theirs: dict | None, mine_higher: bool) -> float | None:
+    """The budget of the search with the larger maximum less the other's (MiB): at or below 0,
+    the budget did not favour it, so it cannot be what put the two maxima apart."""
+    if not (mine and theirs and mine.get("budget_mib") and theirs.get("budget_mib")):
+        return None
+    gap = mine["budget_mib"] - theirs["budget_mib"]
+    return gap if mine_higher else -gap
 
 
 def _settled(mine: dict | None, theirs: dict | None, batch: int, ref: int) -> dict:

@@ -23,6 +23,15 @@ from memopt.report.map_analysis import (
     speed_summary,
     where_run,
 )
+from memopt.report.map_claims import (
+    at_once,
+    host_rivals,
+    interval_misses,
+    searches_by_cell,
+    single_points,
+    slope_ratios,
+    speed_verdict,
+)
 from memopt.report.map_figures import CLOSE
 from memopt.report.map_repeats import repeat_spread
 from memopt.report.map_results import (
@@ -101,6 +110,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
                                     if was_timed(r) and was_timed(ref)), None),
                      # either cell of that ratio retried cudaMalloc in its timed steps
                      "retried": any(was_timed(r) and retried(r) for r in [ref, *tied])})  # fmt: skip
+    best_ref = [{"point": p, "batch": _cell(rows, p, reference)["max_batch"]} for p in points]
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
@@ -112,6 +122,13 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         r = [b["ratio"] for b in best if b["ratio"] is not None and b[kind]]
         split[kind] = {"min": min(r), "max": max(r)} if r else None
 
+    by_cell = searches_by_cell(search_paths, searches)
+    speed = speed_summary(findings)
+    for s in speed:  # where a faster or slower ratio comes from: model FLOPs per token and MFU
+        for f in s["faster"] + s["slower"]:
+            mine, ref = _cell(rows, f["point"], s["technique"]), _cell(rows, f["point"], reference)
+            f.update(mfu=mine["mfu"], ref_mfu=ref["mfu"], flops=_flops(mine) / _flops(ref))
+    fits = [s["fit"] for s in searches if s.get("fit")]
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -148,7 +165,22 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             for t, f in findings["techniques"].items()
         ],
         "shares": share_ranges(rows, reference),
-        "speed": speed_summary(findings), "speed_clear": findings.get("speed_clear"),
+        "speed": speed, "speed_clear": findings.get("speed_clear"),
+        "speed_basis": findings.get("speed_basis"),
+        # what the claims may say (memopt.report.map_claims)
+        "references": [t for t in dict.fromkeys((reference, config.get("baseline"))) if t in specs],
+        "single": single_points(rows, reference, findings["pays_at"], by_cell),
+        "winner_slopes": {t: [w for w in slope_ratios(rows, t, reference) if w["max"] > 1 + SLOPE_SAME]
+                          for t in winners},
+        "fewest": min((b["batch"] for b in best_ref if b["batch"]), default=None),
+        "rivals": host_rivals(rows, best),
+        "host_cap": config["search"].get("host_pinned_gib"),
+        "verdict": speed_verdict(best, findings.get("speed_clear"), findings.get("speed_clear_retried")),
+        "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
+        "at_once": at_once(search_paths, searches, read_json),
+        "fits": {"n": len(fits), "two": sum(len(f.get("batches") or []) == 2 for f in fits)},
+        "flex_alone": {t: any(u != t and v.get("attention") == s.get("attention") and not v.get("window")
+                              for u, v in specs.items()) for t, s in specs.items() if s.get("window")},
         "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
         "repeats": repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results",
                                  findings["speed_clear"], findings["speed_clear_retried"])
@@ -163,6 +195,11 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
     }  # fmt: skip
+
+
+def _flops(row: dict) -> float:
+    """Model FLOPs per token of a timed cell."""
+    return row["model_tflops"] * 1e12 / row["tokens_per_s"]
 
 
 def _cell(rows: list[dict], point: str, technique: str) -> dict:
@@ -239,7 +276,7 @@ def map_tables(ctx: dict) -> dict[str, Table]:
                            "r: cudaMalloc failed and was "
                            "retried in the timed steps (Limitations).", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
-                               "linear fit of peak memory against batch, over the length; -: the search tried fewer "
+                               "line of peak memory against batch, divided by the sequence length; -: the search tried fewer "
                                "than two batches that fit, so no slope; OOM: batch 1 does not fit.", 4, "per-token"),
     }  # fmt: skip
 

@@ -24,6 +24,9 @@ PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
 # a published map's paper reads its own repeats against these (memopt.report.map_repeats).
 SPEED_CLEAR = 1.25
 SPEED_CLEAR_RETRIED = 1.5
+# the changes those H100 runs saw, as studies/h100-map-pieces/README.md gives them (a test reads
+# them there): the paper states them beside the thresholds
+SPEED_BASIS = {"across_cards": 0.19, "one_card": 0.14}
 # Table 2's marks (and docs/results.md's) for a maximum that is not the GPU's memory's
 LIMIT_MARKS = {"host": "h", "data": "d", "cap": "c"}
 # What each mark says (Table 2's caption lists those its cells carry)
@@ -202,6 +205,7 @@ def map_findings(table, reference: str) -> dict:
             ]  # fmt: skip
     return {"reference": reference, "pays_at": PAYS, "techniques": out,
             "speed_clear": SPEED_CLEAR, "speed_clear_retried": SPEED_CLEAR_RETRIED,
+            "speed_basis": SPEED_BASIS,
             "speed": speed}  # fmt: skip
 
 

@@ -1,0 +1,137 @@
+"""What the map paper may claim, and how far, computed from the map's rows (results/map.csv as
+dicts) and its searches' JSON: how many sequences each search's fit allows (a maximum is that,
+rounded down), where a technique pays at a single point, the winner's memory per token against the
+reference's, techniques that the host's pinned-memory budget stops before the GPU's memory would,
+the speed verdict of a ratio under the map's thresholds, the cells whose interval missed its
+target, and how many points ran at the same time. Used by memopt.report.map_paper."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from pathlib import Path
+
+
+def searches_by_cell(search_paths, searches: list[dict]) -> dict:
+    """{(point, technique): search} from results/map/POINT/search/TECHNIQUE.json."""
+    return {(Path(p).parts[-3], Path(p).stem): s for p, s in zip(search_paths, searches)}
+
+
+def fit_sequences(search: dict | None) -> float | None:
+    """How many sequences the search's fit allows under its limit (its maximum, a whole number
+    of sequences, is this rounded down where the fit is right): (limit - fixed) / per sequence."""
+    fit = (search or {}).get("fit") or {}
+    limit = (search or {}).get("fit_limit_mib")
+    if not (fit.get("per_sample_mib") and fit.get("fixed_mib") is not None and limit):
+        return None
+    return (limit - fit["fixed_mib"]) / fit["per_sample_mib"]
+
+
+def single_points(rows: list[dict], reference: str, pays: float, by_cell: dict) -> dict:
+    """Techniques that pay (at least `pays` x the reference's tokens per step) at exactly one
+    point: {technique: {point, ratio, batch, ref_batch, fit, ref_fit (sequences the fits allow,
+    None without a fit), rounding (each maximum is its fit rounded down, the fits less than a
+    sequence apart: the rounding made the whole sequence)}}."""
+    out = {}
+    for t in dict.fromkeys(r["technique"] for r in rows):
+        if t == reference:
+            continue
+        paying = []
+        for r in (r for r in rows if r["technique"] == t):
+            ref = next(x for x in rows if x["point"] == r["point"] and x["technique"] == reference)
+            if ref["max_tokens"] and r["max_tokens"] / ref["max_tokens"] >= pays:
+                paying.append((r, ref))
+        if len(paying) == 1:
+            r, ref = paying[0]
+            fit = fit_sequences(by_cell.get((r["point"], t)))
+            ref_fit = fit_sequences(by_cell.get((r["point"], reference)))
+            # the maxima are the fits rounded down, and less than a sequence apart on the fits
+            rounding = fit is not None and ref_fit is not None and fit - ref_fit < 1 \
+                and math.floor(fit) == r["max_batch"] and math.floor(ref_fit) == ref["max_batch"]  # fmt: skip
+            out[t] = {"point": r["point"], "ratio": r["max_tokens"] / ref["max_tokens"],
+                      "batch": r["max_batch"], "ref_batch": ref["max_batch"], "fit": fit,
+                      "ref_fit": ref_fit, "rounding": rounding}  # fmt: skip
+    return out
+
+
+def slope_ratios(rows: list[dict], technique: str, reference: str) -> list[dict]:
+    """The reference's memory per token over the technique's (how many times less memory each
+    token costs it), per model: [{model, min, max}] over the points where both have a slope."""
+    out: dict = {}
+    for r in rows:
+        if r["technique"] != technique or not r["per_token_mib"]:
+            continue
+        ref = next(x for x in rows if x["point"] == r["point"] and x["technique"] == reference)
+        if ref["per_token_mib"]:
+            out.setdefault(r["model"], []).append(ref["per_token_mib"] / r["per_token_mib"])
+    return [{"model": m, "min": min(v), "max": max(v)} for m, v in out.items()]
+
+
+def host_rivals(rows: list[dict], best: list[dict]) -> list[dict]:
+    """Techniques the host's pinned-memory budget stopped at points where the most tokens per
+    step came from a technique the GPU's memory stopped, while each of their tokens costs less GPU
+    memory than the winner's: with a larger host budget they could train more. [{technique,
+    points, ratio_min, ratio_max (the winner's memory per token over theirs)}]."""
+    out: dict = {}
+    for b in best:
+        won = [r for r in rows if r["point"] == b["point"] and r["technique"] in b["techniques"]
+               and r["limit"] == "memory" and r["per_token_mib"]]  # fmt: skip
+        for w in won:
+            for r in rows:
+                if r["point"] == b["point"] and r["limit"] == "host" and r["per_token_mib"] \
+                        and r["per_token_mib"] < w["per_token_mib"]:  # fmt: skip
+                    e = out.setdefault(r["technique"], {"technique": r["technique"], "points": [],
+                                                        "ratios": []})  # fmt: skip
+                    e["points"].append(b["point"])
+                    e["ratios"].append(w["per_token_mib"] / r["per_token_mib"])
+    return [{"technique": e["technique"], "points": list(dict.fromkeys(e["points"])),
+             "ratio_min": min(e["ratios"]), "ratio_max": max(e["ratios"])} for e in out.values()]  # fmt: skip
+
+
+def speed_verdict(
+    best: list[dict], clear: float | None, clear_retried: float | None
+) -> dict | None:
+    """The winner's tokens/s over the reference's (each at its own maximum) read with the map's
+    thresholds: {n, slower, faster (how many points clear them), retried (how many used the
+    retried threshold)}, or None without thresholds or ratios."""
+    timed = [b for b in best if b["speed"] is not None]
+    if not (timed and clear and clear_retried):
+        return None
+    limit = [clear_retried if b["retried"] else clear for b in timed]
+    return {"n": len(timed), "retried": sum(b["retried"] for b in timed),
+            "slower": sum(b["speed"] <= 1 / c for b, c in zip(timed, limit)),
+            "faster": sum(b["speed"] >= c for b, c in zip(timed, limit))}  # fmt: skip
+
+
+def interval_misses(rows: list[dict], target: float) -> dict | None:
+    """Timed cells whose 95% interval stayed wider than the target (the time limit stopped them
+    first): {n, max, worst (its row)}, or None where every cell reached it."""
+    wide = [r for r in rows if r["cell_status"] == "ok" and (r.get("rel_ci95") or 0) > target]
+    if not wide:
+        return None
+    worst = max(wide, key=lambda r: r["rel_ci95"])
+    return {"n": len(wide), "max": worst["rel_ci95"], "worst": worst}
+
+
+def _when(text: str | None) -> float | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
+
+
+def at_once(search_paths, searches: list[dict], read) -> int | None:
+    """The most points whose jobs ran at the same time (each point from its first search's start
+    to its last cell's end, from their provenance), or None without timestamps. `read` reads a
+    cell's JSON (results/map/POINT/cells/TECHNIQUE/max.json, beside the searches)."""
+    spans: dict = {}
+    for path, s in zip(search_paths, searches):
+        path = Path(path)
+        cell = path.parents[1] / "cells" / path.stem / "max.json"
+        for data in (s, read(cell) if cell.exists() else {}):
+            prov = data.get("provenance") or {}
+            start, end = _when(prov.get("started")), _when(prov.get("finished"))
+            if start is None or end is None:
+                continue
+            lo, hi = spans.get(path.parts[-3], (start, end))
+            spans[path.parts[-3]] = (min(lo, start), max(hi, end))
+    if not spans:
+        return None
+    return max(sum(lo <= t < hi for lo, hi in spans.values()) for t, _ in spans.values())
