@@ -221,7 +221,7 @@ def test_cells_that_retried_cudamalloc_are_marked_and_counted(rendered):
     # budgets 100 MiB apart at gpt2_s_32 (1.56 of flash's 64-MiB sequences there) and 150 MiB
     # at llama_s_64 (1.17 of its 128-MiB ones): the worst case counts sequences, not MiB
     assert "79,378 to 79,528 MiB here)" in limits
-    assert "The budgets of one point's searches differ by up to 150 MiB; the widest, counted in " \
+    assert "The budgets of one point's searches differ by up to 150 MiB. The widest, counted in " \
            "`flash`'s sequences, is at `gpt2_s_32`: 100 MiB, 1.56 of a 64-MiB sequence, so there " \
            "the budget alone can put two maxima up to 2 sequences apart." in limits  # fmt: skip
 
@@ -237,8 +237,8 @@ def test_speed_at_the_reference_batch_is_found_and_said(rendered):
     md = (rendered / "paper/paper.md").read_text()
     findings = md.split("## 4 Findings")[1].split("## 5")[0]
     assert "`window` at 3 points: 0.70–1.30× `flash`'s tokens/s, faster at `llama_s_32` (1.30×) " \
-           "and `llama_m_32` (1.30×), slower at `gpt2_s_32` (0.70×) (its knobs against `flash`'s: " \
-           "attention flex and window 16; another function)." in findings  # fmt: skip
+           "and `llama_m_32` (1.30×), slower at `gpt2_s_32` (0.70×) (it differs from `flash` in " \
+           "attention flex and window 16, and computes another function)." in findings  # fmt: skip
     assert re.search(r"`offload` at \d+ points?:", findings) is None
     conclusion = md.split("## 6 Conclusion")[1].split("## Reproducibility")[0]
     assert "At `flash`'s own batch, `window` runs 1.30× its tokens/s at `llama_s_32` and " \
@@ -281,7 +281,7 @@ def test_the_headline_parts_host_from_gpu_and_names_the_references_retries(rende
           "--data", str(root / "data"), "--out", str(root / "paper")])  # fmt: skip
     md = (root / "paper/paper.md").read_text()
     abstract = md.split("## Abstract")[1].split("## 1")[0]
-    assert "3.0–4.0× as many as BF16 `flash` where that fits a batch (4.0× where the GPU's " \
+    assert "3.0–4.0× as many as BF16 `flash` (4.0× where the GPU's " \
            "memory stopped `offload`, at least 3.0× where the host's pinned-memory budget did)" \
         in abstract  # fmt: skip
     assert "(each at its own maximum; one cell or both retried cudaMalloc in their timed steps " \
@@ -327,10 +327,10 @@ def test_a_technique_that_saves_fixed_memory_is_weighed_in_sequences(rendered):
     }
     share = max(shares.values())  # at two points (a tie is named whole)
     at = "` and `".join(p for p, v in shares.items() if round(100 * v) == round(100 * share))
-    assert ("**`window` saves memory once per step, not per token.** Its memory per token is "
+    assert ("**`window` saves a fixed amount of memory, not memory per token.** Its memory per token is "
             "`flash`'s (the fits' slopes within 1%) at all 6 points, and its fit starts 50 MiB "
             "lower. That saving is 0.39–0.78 of `flash`'s sequences; training 1.10× `flash`'s "
-            f"batch takes {needs} more, and the saving meets at most {100 * share:.0f}% of that "
+            f"batch takes {needs} more sequences, and the saving meets at most {100 * share:.0f}% of that "
             f"(at `{at}`).\n") in findings  # fmt: skip
     assert "**`offload` saves memory once" not in findings  # the same fit as flash: no saving
 
@@ -343,7 +343,7 @@ def test_kept_scores_are_measured_per_layer_head_and_pair(rendered):
         "**`fp32`'s memory per token grows with the length.** It grows by 4.00 bytes per layer, "
         "query head and pair of tokens (measured between 32 and 64 tokens: `llama_s` 4.00), "
         "against 4 bytes for one FP32 score: consistent with keeping about one score matrix per "
-        "layer and head (each a line through two lengths).\n\n" in findings
+        "layer and head (each model's line runs through two lengths only).\n\n" in findings
     )  # fmt: skip  (a paragraph of its own)
     # models whose two fits are at different lengths: each model with its own lengths
     from memopt.report.paper import _render
@@ -392,10 +392,9 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     # run 1,000 tokens/s a sequence: 4x the sequences, 4x the tokens/s)
     # (offload, host-bound on llama_m, also 4.0x there: no split; it retried at llama_m)
     assert "`offload` trains the most tokens per step at every point, 4.0× as many as BF16 " \
-           "`flash` where that fits a batch, at 4.00× `flash`'s tokens/s (each at its own " \
-           "maximum; one cell or both retried cudaMalloc in their timed steps at 2 of the 6 " \
-           "points: see Limitations); by the map's thresholds (Findings) faster at every point." \
-        in abstract  # fmt: skip
+           "`flash`, at 4.00× `flash`'s tokens/s (each at its own maximum; one cell or both " \
+           "retried cudaMalloc in their timed steps at 2 of the 6 points: see Limitations), " \
+           "above `flash`'s at every point." in abstract  # fmt: skip
     assert "stopped the batch, so there it bounds what the GPU's memory allows only from below." \
         in abstract  # fmt: skip
     # "B + 1 does not" says which limits refuse it (Method): the slack's and the host's as well

@@ -135,7 +135,7 @@ def speed_summary(findings: dict) -> list[dict]:
     """Per technique timed at the reference's batch somewhere: how many points, the range of its
     tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio at
     least findings["speed_clear"] from 1, or "speed_clear_retried" where either cell retried
-    cudaMalloc), each with its ratio."""
+    cudaMalloc), each with its ratio, and the others (neither)."""
     out = []
 
     def clear(f):
@@ -149,6 +149,7 @@ def speed_summary(findings: dict) -> list[dict]:
             "technique": technique, "n": len(found), "min": min(ratios), "max": max(ratios),
             "faster": [f for f in found if f["ratio"] >= clear(f)],
             "slower": [f for f in found if f["ratio"] <= 1 / clear(f)],
+            "others": [f for f in found if 1 / clear(f) < f["ratio"] < clear(f)],
         })  # fmt: skip
     return out
 

@@ -2,8 +2,9 @@
 dicts) and its searches' JSON: how many sequences each search's fit allows (a maximum is that,
 rounded down), where a technique pays at a single point, the winner's memory per token against the
 reference's, techniques that the host's pinned-memory budget stops before the GPU's memory would,
-the speed verdict of a ratio under the map's thresholds, the cells whose interval missed its
-target, and how many points ran at the same time. Used by memopt.report.map_paper."""
+the tokens/s at each technique's own maximum and what recomputation alone would cost, the cells
+whose interval missed its target, and which points ran at the same time. Used by
+memopt.report.map_paper."""
 
 from __future__ import annotations
 
@@ -88,21 +89,6 @@ def host_rivals(rows: list[dict], best: list[dict]) -> list[dict]:
              "ratio_min": min(e["ratios"]), "ratio_max": max(e["ratios"])} for e in out.values()]  # fmt: skip
 
 
-def speed_verdict(
-    best: list[dict], clear: float | None, clear_retried: float | None
-) -> dict | None:
-    """The winner's tokens/s over the reference's (each at its own maximum) read with the map's
-    thresholds: {n, slower, faster (how many points clear them), retried (how many used the
-    retried threshold)}, or None without thresholds or ratios."""
-    timed = [b for b in best if b["speed"] is not None]
-    if not (timed and clear and clear_retried):
-        return None
-    limit = [clear_retried if b["retried"] else clear for b in timed]
-    return {"n": len(timed), "retried": sum(b["retried"] for b in timed),
-            "slower": sum(b["speed"] <= 1 / c for b, c in zip(timed, limit)),
-            "faster": sum(b["speed"] >= c for b, c in zip(timed, limit))}  # fmt: skip
-
-
 def interval_misses(rows: list[dict], target: float) -> dict | None:
     """Timed cells whose 95% interval stayed wider than the target (the time limit stopped them
     first): {n, max, worst (its row)}, or None where every cell reached it."""
@@ -117,10 +103,9 @@ def _when(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
 
 
-def at_once(search_paths, searches: list[dict], read) -> int | None:
-    """The most points whose jobs ran at the same time (each point from its first search's start
-    to its last cell's end, from their provenance), or None without timestamps. `read` reads a
-    cell's JSON (results/map/POINT/cells/TECHNIQUE/max.json, beside the searches)."""
+def _spans(search_paths, searches: list[dict], read) -> dict:
+    """{point: (start, end)}: from its first search's start to its last job's end (provenance
+    of the searches and of the cells beside them; `read` reads a cell's JSON)."""
     spans: dict = {}
     for path, s in zip(search_paths, searches):
         path = Path(path)
@@ -128,10 +113,63 @@ def at_once(search_paths, searches: list[dict], read) -> int | None:
         for data in (s, read(cell) if cell.exists() else {}):
             prov = data.get("provenance") or {}
             start, end = _when(prov.get("started")), _when(prov.get("finished"))
-            if start is None or end is None:
-                continue
-            lo, hi = spans.get(path.parts[-3], (start, end))
-            spans[path.parts[-3]] = (min(lo, start), max(hi, end))
+            if start is not None and end is not None:
+                lo, hi = spans.get(path.parts[-3], (start, end))
+                spans[path.parts[-3]] = (min(lo, start), max(hi, end))
+    return spans
+
+
+def at_once(search_paths, searches: list[dict], read) -> int | None:
+    """The most points whose jobs ran at the same time, or None without timestamps."""
+    spans = _spans(search_paths, searches, read)
     if not spans:
         return None
     return max(sum(lo <= t < hi for lo, hi in spans.values()) for t, _ in spans.values())
+
+
+def time_groups(search_paths, searches: list[dict], read) -> list[list[str]]:
+    """The points in groups that ran at overlapping times (a group ran on one machine; groups
+    that did not overlap may have run on different machines), in the order they began."""
+    spans = _spans(search_paths, searches, read)
+    groups: list = []  # [[points], end]
+    for point, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1]):
+        if groups and lo < groups[-1][1]:
+            groups[-1][0].append(point)
+            groups[-1][1] = max(groups[-1][1], hi)
+        else:
+            groups.append([[point], hi])
+    return [g for g, _ in groups]
+
+
+def own_max_speeds(rows: list[dict], techniques, reference: str) -> list[dict]:
+    """Each technique's tokens/s over the reference's, each at its own maximum (the batches
+    differ): [{technique, min, max, below (below 1 at every point timed), n}]."""
+    out = []
+    for t in techniques:
+        ratios = []
+        for r in rows:
+            if r["technique"] != t or not r.get("tokens_per_s"):
+                continue
+            ref = next(x for x in rows if x["point"] == r["point"] and x["technique"] == reference)
+            if ref.get("tokens_per_s"):
+                ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
+        if ratios:
+            out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
+                        "below": all(v < 1 for v in ratios), "above": all(v > 1 for v in ratios)})  # fmt: skip
+    return out
+
+
+def recompute_share(points: dict, spec: dict, vocab: int) -> dict | None:
+    """Model FLOPs over model + recomputed FLOPs per token, over the points (`points`: name ->
+    model config): the tokens/s ratio recomputation alone would give at an equal FLOP rate.
+    {min, max} or None where the technique recomputes nothing (or an unknown amount)."""
+    from memopt.runtime.flops import flops_per_token, recompute_flops_per_token
+
+    shares = []
+    for model in points.values():
+        extra = recompute_flops_per_token(model, vocab, spec)
+        if not extra:
+            return None
+        base = flops_per_token(model, vocab, spec.get("window"))
+        shares.append(base / (base + extra))
+    return {"min": min(shares), "max": max(shares)} if shares else None

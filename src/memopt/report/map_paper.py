@@ -25,12 +25,15 @@ from memopt.report.map_analysis import (
 )
 from memopt.report.map_claims import (
     at_once,
+    fit_sequences,
     host_rivals,
     interval_misses,
+    own_max_speeds,
+    recompute_share,
     searches_by_cell,
     single_points,
     slope_ratios,
-    speed_verdict,
+    time_groups,
 )
 from memopt.report.map_figures import CLOSE
 from memopt.report.map_repeats import repeat_spread
@@ -125,10 +128,19 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     by_cell = searches_by_cell(search_paths, searches)
     speed = speed_summary(findings)
     for s in speed:  # where a faster or slower ratio comes from: model FLOPs per token and MFU
-        for f in s["faster"] + s["slower"]:
+        for f in s["faster"] + s["slower"] + s["others"]:
             mine, ref = _cell(rows, f["point"], s["technique"]), _cell(rows, f["point"], reference)
             f.update(mfu=mine["mfu"], ref_mfu=ref["mfu"], flops=_flops(mine) / _flops(ref))
     fits = [s["fit"] for s in searches if s.get("fit")]
+    spread = budget_spread(search_paths, searches, rows, reference)
+    for o in (spread or {}).get("one_apart", []):  # what each search's line allows there
+        o["fit"] = fit_sequences(by_cell.get((spread["point"], o["technique"])))
+        o["ref_fit"] = fit_sequences(by_cell.get((spread["point"], reference)))
+    budgets: dict = {}  # per technique, its searches' budgets over the points
+    for (_, t), s in by_cell.items():
+        if s.get("budget_mib"):
+            budgets.setdefault(t, []).append(s["budget_mib"])
+    plan = map_points(config)
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -144,9 +156,12 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             "headroom_mib": config["search"]["headroom_mib"],
             "budgets_mib": sorted({s["budget_mib"] for s in searches if s.get("budget_mib")}),
             "slack_mib": max((s.get("allocator_slack_mib") or 0 for s in searches), default=0),
-            "budget_sequences": budget_spread(search_paths, searches, rows, reference),
+            "budget_sequences": spread,
+            # the most one technique's budgets differ over the points (and so over the GPUs)
+            "budget_within_mib": max((max(b) - min(b) for b in budgets.values()), default=None),
         },
-        "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None},
+        "timed": {"n": len(timed), "fastest": max(timed, key=lambda r: r["tokens_per_s"]) if timed else None,
+                  "top_mfu": max((r for r in timed if r.get("mfu") is not None), key=lambda r: r["mfu"], default=None)},
         # cells whose timed steps retried cudaMalloc: their tokens/s include that slow path
         "retrying": sorted((r for r in timed if retried(r)),
                            key=lambda r: r["alloc_retries"] / (r.get("timed_steps") or 1)),
@@ -175,9 +190,14 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "fewest": min((b["batch"] for b in best_ref if b["batch"]), default=None),
         "rivals": host_rivals(rows, best),
         "host_cap": config["search"].get("host_pinned_gib"),
-        "verdict": speed_verdict(best, findings.get("speed_clear"), findings.get("speed_clear_retried")),
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
         "at_once": at_once(search_paths, searches, read_json),
+        "groups": time_groups(search_paths, searches, read_json),
+        "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference),
+        "recompute": {t: recompute_share(plan, full_spec(specs[t]), tokens["vocab_size"]) for t in techniques},
+        # techniques that set more than one knob otherwise than the reference (not the references)
+        "multi_knob": [t for t in techniques if t not in (reference, config.get("baseline"))
+                       and len(differs[t]) > 1],
         "fits": {"n": len(fits), "two": sum(len(f.get("batches") or []) == 2 for f in fits)},
         "flex_alone": {t: any(u != t and v.get("attention") == s.get("attention") and not v.get("window")
                               for u, v in specs.items()) for t, s in specs.items() if s.get("window")},
@@ -222,8 +242,9 @@ def map_tables(ctx: dict) -> dict[str, Table]:
         [[f"`{m['name']}`", "Llama-style" if m["arch"] == "llama" else "GPT-2-style", m["n_layers"],
           num(m["d_model"]), m["n_heads"], m["n_kv_heads"], num(m["d_ff"]), num(m["params"])]
          for m in ctx["models"]],
-        "The models of the map (parameters with the tied embedding counted once, at the first "
-        "length: the GPT-2-style model's learned positions add d_model per token of length).",
+        "The models of the map (parameters with the tied embedding counted once"
+        + (", at the first length: the GPT-2-style model's learned positions add d_model per token "
+           "of length)." if any(m["arch"] != "llama" for m in ctx["models"]) else ")."),
         1, "models",
     )  # fmt: skip
     specs = ctx["specs"]
