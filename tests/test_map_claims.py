@@ -338,3 +338,13 @@ def test_table_1_speaks_of_learned_positions_only_with_a_gpt2_model(base):
     ctx["models"] = [m for m in ctx["models"] if m["arch"] == "llama"]
     caption = map_tables(ctx)["models"].caption
     assert caption == "The models of the map (parameters with the tied embedding counted once)."
+
+
+def test_a_maximum_is_said_to_hold_over_the_steps_that_proved_it(base, tmp_path):
+    root = copy(base, tmp_path)
+    cfg = yaml.safe_load((root / "config.yaml").read_text())
+    cfg["search"]["trial_steps"], cfg["measure"]["max_timed_steps"] = 3, 40
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    limits = render(root).split("## 5 Limitations")[1].split("## 6")[0]
+    assert "A maximum is proven over a search trial's 3 steps and the cell's 3 warm-up and at " \
+           "most 40 timed steps, not over a long run" in limits  # fmt: skip
