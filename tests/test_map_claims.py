@@ -21,6 +21,7 @@ from memopt.report.map_claims import (
     host_rivals,
     interval_misses,
     own_max_speeds,
+    pinned_for,
     recompute_share,
     searches_by_cell,
     single_points,
@@ -163,6 +164,19 @@ def test_a_host_bound_technique_with_less_memory_per_token_qualifies_the_winner(
     rivals = host_rivals(rows, best)
     assert [r["technique"] for r in rivals] == ["offload"]
     assert rivals[0]["ratio_min"] == pytest.approx(159.6 / 67.6)
+    assert rivals[0]["pinned_gib"] is None  # no searches given: no pinned line
+    # its pinned memory on the line through its two trials (292: 33,182; 584: 60,759 MiB), at
+    # 858 sequences, one more than ckpt's maximum, where its GPU line still allows 858
+    offload = {"trials": [{"batch": 584, "fits": True, "host_pinned_mib": 60758.5625},
+                          {"batch": 585, "fits": False},
+                          {"batch": 292, "fits": True, "host_pinned_mib": 33182.28125}],
+               "fit": {"fixed_mib": 5538.1, "per_sample_mib": 67.58}, "fit_limit_mib": 141123.1}  # fmt: skip
+    pinned = host_rivals(rows, best, {("p", "offload"): offload})[0]["pinned_gib"]
+    assert pinned["min"] == pytest.approx(
+        (60758.5625 + 274 * (60758.5625 - 33182.28125) / 292) / 1024
+    )
+    assert pinned_for(offload, 858) / 1024 == pytest.approx(84.6, abs=0.05)
+    assert pinned_for({**offload, "fit_limit_mib": 50000.0}, 858) is None  # the GPU stops it first
     rows[1]["per_token_mib"] = 200 / 1024  # costs more a token: the cap is not why it lost
     assert host_rivals(rows, best) == []
     assert [w["min"] for w in slope_ratios(rows, "ckpt", "flash")] == [
@@ -175,14 +189,17 @@ def test_a_host_bound_technique_with_less_memory_per_token_qualifies_the_winner(
     ctx, env = context_and_environment(base)
     assert ctx["rivals"] == []  # offload wins here, and its slope is flash's
     ctx.update(rivals=[{"technique": "ckpt_offload", "points": list(ctx["points"]),
-                        "ratio_min": 1.8, "ratio_max": 2.4}], host_cap=60)  # fmt: skip
+                        "ratio_min": 1.8, "ratio_max": 2.4, "pinned_gib": {"min": 67.4, "max": 87.9}}],
+               host_cap=60)  # fmt: skip
     title = _render(env, "map/title.md.j2", ctx)
     assert "the tokens per step of `flash` (`ckpt_offload` held to 60 GiB of pinned host " \
            "memory): 2 memory-optimization techniques and 2 references at 3 models" in title  # fmt: skip
     abstract = _render(env, "map/abstract.md.j2", ctx)
     assert "That ranking holds under the host's pinned-memory budget (60 GiB a GPU): it stops " \
            "`ckpt_offload` before the GPU's memory does at every point, though `offload`'s " \
-           "memory per token is 1.8–2.4× `ckpt_offload`'s." in abstract  # fmt: skip
+           "memory per token is 1.8–2.4× `ckpt_offload`'s. On lines through its two " \
+           "pinned-memory measurements, about 67–88 GiB pinned a GPU would let it train more " \
+           "than `offload` at every point, a batch its GPU-memory line also allows." in abstract  # fmt: skip
     conclusion = _render(env, "map/conclusion.md.j2", ctx)
     assert "4.0× the reference at 4.00× the reference's tokens/s (each at its own maximum), " \
            "with offloading's pinned memory capped at 60 GiB a GPU " \

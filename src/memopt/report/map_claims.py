@@ -68,11 +68,26 @@ def slope_ratios(rows: list[dict], technique: str, reference: str) -> list[dict]
     return [{"model": m, "min": min(v), "max": max(v)} for m, v in out.items()]
 
 
-def host_rivals(rows: list[dict], best: list[dict]) -> list[dict]:
+def pinned_for(search: dict | None, batch: int) -> float | None:
+    """The pinned host memory (MiB) a batch would take, on the line through the search's two
+    largest batches that fit with pinned memory measured, where its GPU line (fit_sequences)
+    still allows that batch; None otherwise. An extrapolation past the proven maximum."""
+    trials = sorted((t["batch"], t["host_pinned_mib"]) for t in (search or {}).get("trials", [])
+                    if t.get("fits") and t.get("host_pinned_mib"))  # fmt: skip
+    gpu = fit_sequences(search)
+    if len(trials) < 2 or gpu is None or gpu < batch:
+        return None
+    (b0, p0), (b1, p1) = trials[-2:]
+    return p1 + (batch - b1) * (p1 - p0) / (b1 - b0)
+
+
+def host_rivals(rows: list[dict], best: list[dict], by_cell: dict | None = None) -> list[dict]:
     """Techniques the host's pinned-memory budget stopped at points where the most tokens per
     step came from a technique the GPU's memory stopped, while each of their tokens costs less GPU
     memory than the winner's: with a larger host budget they could train more. [{technique,
-    points, ratio_min, ratio_max (the winner's memory per token over theirs)}]."""
+    points, ratio_min, ratio_max (the winner's memory per token over theirs), pinned_gib: {min,
+    max} the pinned memory a GPU that one sequence more than the winner's maximum would take
+    (pinned_for, at every one of the points; else None)}]."""
     out: dict = {}
     for b in best:
         won = [r for r in rows if r["point"] == b["point"] and r["technique"] in b["techniques"]
@@ -82,11 +97,15 @@ def host_rivals(rows: list[dict], best: list[dict]) -> list[dict]:
                 if r["point"] == b["point"] and r["limit"] == "host" and r["per_token_mib"] \
                         and r["per_token_mib"] < w["per_token_mib"]:  # fmt: skip
                     e = out.setdefault(r["technique"], {"technique": r["technique"], "points": [],
-                                                        "ratios": []})  # fmt: skip
+                                                        "ratios": [], "pinned": []})  # fmt: skip
                     e["points"].append(b["point"])
                     e["ratios"].append(w["per_token_mib"] / r["per_token_mib"])
+                    search = (by_cell or {}).get((b["point"], r["technique"]))
+                    e["pinned"].append(pinned_for(search, w["max_batch"] + 1))
     return [{"technique": e["technique"], "points": list(dict.fromkeys(e["points"])),
-             "ratio_min": min(e["ratios"]), "ratio_max": max(e["ratios"])} for e in out.values()]  # fmt: skip
+             "ratio_min": min(e["ratios"]), "ratio_max": max(e["ratios"]),
+             "pinned_gib": {"min": min(e["pinned"]) / 1024, "max": max(e["pinned"]) / 1024}
+             if None not in e["pinned"] else None} for e in out.values()]  # fmt: skip
 
 
 def interval_misses(rows: list[dict], target: float) -> dict | None:

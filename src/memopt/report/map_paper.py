@@ -188,7 +188,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "winner_slopes": {t: [w for w in slope_ratios(rows, t, reference) if w["max"] > 1 + SLOPE_SAME]
                           for t in winners},
         "fewest": min((b["batch"] for b in best_ref if b["batch"]), default=None),
-        "rivals": host_rivals(rows, best),
+        "rivals": host_rivals(rows, best, by_cell),
         "host_cap": config["search"].get("host_pinned_gib"),
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
         "at_once": at_once(search_paths, searches, read_json),
