@@ -197,9 +197,10 @@ def test_a_host_bound_technique_with_less_memory_per_token_qualifies_the_winner(
     abstract = _render(env, "map/abstract.md.j2", ctx)
     assert "That ranking holds under the host's pinned-memory budget (60 GiB a GPU): it stops " \
            "`ckpt_offload` before the GPU's memory does at every point, though `offload`'s " \
-           "memory per token is 1.8–2.4× `ckpt_offload`'s. On lines through its two " \
-           "pinned-memory measurements, about 67–88 GiB pinned a GPU would let it train more " \
-           "than `offload` at every point, a batch its GPU-memory line also allows." in abstract  # fmt: skip
+           "memory per token is 1.8–2.4× `ckpt_offload`'s. `ckpt_offload` would train more " \
+           "than `offload` at every point with about 67–88 GiB pinned a GPU (on lines through " \
+           "its searches' two pinned-memory measurements; its GPU-memory line allows that " \
+           "batch)." in abstract  # fmt: skip
     conclusion = _render(env, "map/conclusion.md.j2", ctx)
     assert "4.0× the reference at 4.00× the reference's tokens/s (each at its own maximum), " \
            "with offloading's pinned memory capped at 60 GiB a GPU " \
