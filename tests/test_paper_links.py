@@ -82,6 +82,10 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
         "`studies/h100-map-pieces/README.md`)." in section
     )
     assert "(the map study's Limitations)" in section and "(Limitations)" not in section
+    # the excerpt keeps to the answers (12 pages of main text): the map paper's own details
+    # (FLOPs and MFU per point, kept scores, repeats) stay in that paper
+    assert "Where faster, its model FLOPs" not in section and "grows with the length" not in section
+    assert "This map's repeats" not in section
     assert rows["`bf16_w128`"]["verdict"] == "worse" and rows["`fp32`"]["Δ val loss"] == "reference"
     assert rows["`bf16`"]["Δ val loss"] == "0.015 [-0.049, 0.079]"  # 0.01 and 0.02 over 2 seeds
     assert "`bf16_w128` is worse by 0.205 nats" in md.split("## 5 Quality")[1]
