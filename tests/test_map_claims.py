@@ -22,6 +22,7 @@ from memopt.report.map_claims import (
     interval_misses,
     own_max_speeds,
     pinned_for,
+    point_spans,
     recompute_share,
     searches_by_cell,
     single_points,
@@ -245,9 +246,11 @@ def test_points_that_ran_at_once_are_counted(tmp_path):
              write("d", "t", 16, 18)]  # fmt: skip
     searches = [json.loads(p.read_text()) for p in paths]
     read = lambda p: json.loads(Path(p).read_text())  # noqa: E731
-    assert at_once(paths, searches, read) == 2  # a's cell spans b's and d's, never both at once
-    assert at_once(paths[2:3], searches[2:3], read) == 1
-    assert at_once(paths, [{} for _ in paths], lambda p: {}) is None
+    assert (
+        at_once(point_spans(paths, searches, read)) == 2
+    )  # a's cell spans b's and d's, never both
+    assert at_once(point_spans(paths[2:3], searches[2:3], read)) == 1
+    assert at_once(point_spans(paths, [{} for _ in paths], lambda p: {})) is None
     assert searches_by_cell(paths, searches)[("b", "t")] is searches[1]
 
 
@@ -312,7 +315,7 @@ def test_points_are_grouped_by_when_they_ran(tmp_path):
 
     paths = [write("c", 40, 50), write("a", 0, 10), write("b", 5, 20), write("d", 45, 47)]
     searches = [json.loads(p.read_text()) for p in paths]
-    assert time_groups(paths, searches, lambda p: {}) == [["a", "b"], ["c", "d"]]
+    assert time_groups(point_spans(paths, searches, lambda p: {})) == [["a", "b"], ["c", "d"]]
 
 
 def test_limitations_name_the_groups_the_knobs_and_the_budgets_by_technique(base, tmp_path):

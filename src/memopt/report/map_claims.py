@@ -18,6 +18,11 @@ def searches_by_cell(search_paths, searches: list[dict]) -> dict:
     return {(Path(p).parts[-3], Path(p).stem): s for p, s in zip(search_paths, searches)}
 
 
+def cell_row(rows: list[dict], point: str, technique: str) -> dict:
+    """The row of `technique` at `point`."""
+    return next(r for r in rows if r["point"] == point and r["technique"] == technique)
+
+
 def fit_sequences(search: dict | None) -> float | None:
     """How many sequences the search's fit allows under its limit (its maximum, a whole number
     of sequences, is this rounded down where the fit is right): (limit - fixed) / per sequence."""
@@ -39,7 +44,7 @@ def single_points(rows: list[dict], reference: str, pays: float, by_cell: dict) 
             continue
         paying = []
         for r in (r for r in rows if r["technique"] == t):
-            ref = next(x for x in rows if x["point"] == r["point"] and x["technique"] == reference)
+            ref = cell_row(rows, r["point"], reference)
             if ref["max_tokens"] and r["max_tokens"] / ref["max_tokens"] >= pays:
                 paying.append((r, ref))
         if len(paying) == 1:
@@ -62,7 +67,7 @@ def slope_ratios(rows: list[dict], technique: str, reference: str) -> list[dict]
     for r in rows:
         if r["technique"] != technique or not r["per_token_mib"]:
             continue
-        ref = next(x for x in rows if x["point"] == r["point"] and x["technique"] == reference)
+        ref = cell_row(rows, r["point"], reference)
         if ref["per_token_mib"]:
             out.setdefault(r["model"], []).append(ref["per_token_mib"] / r["per_token_mib"])
     return [{"model": m, "min": min(v), "max": max(v)} for m, v in out.items()]
@@ -122,9 +127,10 @@ def _when(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
 
 
-def _spans(search_paths, searches: list[dict], read) -> dict:
+def point_spans(search_paths, searches: list[dict], read) -> dict:
     """{point: (start, end)}: from its first search's start to its last job's end (provenance
-    of the searches and of the cells beside them; `read` reads a cell's JSON)."""
+    of the searches and of the cells beside them; `read` reads a cell's JSON), for at_once and
+    time_groups."""
     spans: dict = {}
     for path, s in zip(search_paths, searches):
         path = Path(path)
@@ -138,18 +144,18 @@ def _spans(search_paths, searches: list[dict], read) -> dict:
     return spans
 
 
-def at_once(search_paths, searches: list[dict], read) -> int | None:
-    """The most points whose jobs ran at the same time, or None without timestamps."""
-    spans = _spans(search_paths, searches, read)
+def at_once(spans: dict) -> int | None:
+    """The most points whose jobs ran at the same time (`spans`: point_spans), or None without
+    timestamps."""
     if not spans:
         return None
     return max(sum(lo <= t < hi for lo, hi in spans.values()) for t, _ in spans.values())
 
 
-def time_groups(search_paths, searches: list[dict], read) -> list[list[str]]:
-    """The points in groups that ran at overlapping times (a group ran on one machine; groups
-    that did not overlap may have run on different machines), in the order they began."""
-    spans = _spans(search_paths, searches, read)
+def time_groups(spans: dict) -> list[list[str]]:
+    """The points in groups that ran at overlapping times (`spans`: point_spans; a group ran on
+    one machine, groups that did not overlap may have run on different machines), in the order
+    they began."""
     groups: list = []  # [[points], end]
     for point, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1]):
         if groups and lo < groups[-1][1]:
@@ -169,7 +175,7 @@ def own_max_speeds(rows: list[dict], techniques, reference: str) -> list[dict]:
         for r in rows:
             if r["technique"] != t or not r.get("tokens_per_s"):
                 continue
-            ref = next(x for x in rows if x["point"] == r["point"] and x["technique"] == reference)
+            ref = cell_row(rows, r["point"], reference)
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
         if ratios:

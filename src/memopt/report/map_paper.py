@@ -25,10 +25,12 @@ from memopt.report.map_analysis import (
 )
 from memopt.report.map_claims import (
     at_once,
+    cell_row,
     fit_sequences,
     host_rivals,
     interval_misses,
     own_max_speeds,
+    point_spans,
     recompute_share,
     searches_by_cell,
     single_points,
@@ -113,7 +115,6 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
                                     if was_timed(r) and was_timed(ref)), None),
                      # either cell of that ratio retried cudaMalloc in its timed steps
                      "retried": any(was_timed(r) and retried(r) for r in [ref, *tied])})  # fmt: skip
-    best_ref = [{"point": p, "batch": _cell(rows, p, reference)["max_batch"]} for p in points]
     # the techniques among the most at every point (in the map's order), else each point's
     always = [t for t in techniques if all(t in b["techniques"] for b in best)]
     winners = always or list(dict.fromkeys(t for b in best for t in b["techniques"]))
@@ -129,7 +130,10 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     speed = speed_summary(findings)
     for s in speed:  # where a faster or slower ratio comes from: model FLOPs per token and MFU
         for f in s["faster"] + s["slower"] + s["others"]:
-            mine, ref = _cell(rows, f["point"], s["technique"]), _cell(rows, f["point"], reference)
+            mine, ref = (
+                cell_row(rows, f["point"], s["technique"]),
+                cell_row(rows, f["point"], reference),
+            )
             f.update(mfu=mine["mfu"], ref_mfu=ref["mfu"], flops=_flops(mine) / _flops(ref))
     fits = [s["fit"] for s in searches if s.get("fit")]
     spread = budget_spread(search_paths, searches, rows, reference)
@@ -141,6 +145,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         if s.get("budget_mib"):
             budgets.setdefault(t, []).append(s["budget_mib"])
     plan = map_points(config)
+    spans = point_spans(search_paths, searches, read_json)  # when each point's jobs ran
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -187,12 +192,13 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "single": single_points(rows, reference, findings["pays_at"], by_cell),
         "winner_slopes": {t: [w for w in slope_ratios(rows, t, reference) if w["max"] > 1 + SLOPE_SAME]
                           for t in winners},
-        "fewest": min((b["batch"] for b in best_ref if b["batch"]), default=None),
+        # the fewest sequences the reference fits at a point (points where it fits none left out)
+        "fewest": min((r["max_batch"] for r in rows if r["technique"] == reference and r["max_batch"]),
+                      default=None),
         "rivals": host_rivals(rows, best, by_cell),
         "host_cap": config["search"].get("host_pinned_gib"),
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
-        "at_once": at_once(search_paths, searches, read_json),
-        "groups": time_groups(search_paths, searches, read_json),
+        "at_once": at_once(spans), "groups": time_groups(spans),
         "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference),
         "recompute": {t: recompute_share(plan, full_spec(specs[t]), tokens["vocab_size"]) for t in techniques},
         # techniques that set more than one knob otherwise than the reference (not the references)
@@ -222,13 +228,9 @@ def _flops(row: dict) -> float:
     return row["model_tflops"] * 1e12 / row["tokens_per_s"]
 
 
-def _cell(rows: list[dict], point: str, technique: str) -> dict:
-    return next(r for r in rows if r["point"] == point and r["technique"] == technique)
-
-
 def _by_point(ctx: dict, value, caption: str, number: int, label: str, notes=()) -> Table:
     """One row per point, one column per technique, `value(row)` in each cell."""
-    rows = [[f"`{p}`"] + [value(_cell(ctx["rows"], p, t)) for t in ctx["techniques"]]
+    rows = [[f"`{p}`"] + [value(cell_row(ctx["rows"], p, t)) for t in ctx["techniques"]]
             for p in ctx["points"]]  # fmt: skip
     return Table(["point"] + [f"`{t}`" for t in ctx["techniques"]], "l" + "r" * len(ctx["techniques"]),
                  rows, caption, number, label, list(notes), layout="shrink")  # fmt: skip
