@@ -284,8 +284,8 @@ def test_the_thresholds_basis_is_the_h100_readme():
 
 
 def test_speeds_at_own_maxima_and_what_recomputation_alone_costs():
-    """The second review: the winner's 0.76-0.81x flash's tokens/s is below 1 at every point and
-    near the 0.75x that full checkpointing's and the chunked loss's recomputed forward passes
+    """The second review: the winner's 0.76-0.81x flash's tokens/s is below 1 at every point,
+    beside the 0.75x that full checkpointing's and the chunked loss's recomputed forward passes
     alone give at flash's FLOP rate; the same-batch thresholds do not judge different batches."""
     rows = [{**row(p, t, 1), "tokens_per_s": v} for p, t, v in
             (("a", "flash", 100.0), ("a", "ckpt", 76.0), ("a", "fast", 120.0),

@@ -166,35 +166,58 @@ def time_groups(spans: dict) -> list[list[str]]:
     return [g for g, _ in groups]
 
 
-def own_max_speeds(rows: list[dict], techniques, reference: str) -> list[dict]:
+def own_max_speeds(
+    rows: list[dict],
+    techniques,
+    reference: str,
+    shares: dict | None = None,
+    target: float | None = None,
+) -> list[dict]:
     """Each technique's tokens/s over the reference's, each at its own maximum (the batches
-    differ): [{technique, min, max, below (below 1 at every point timed), n}]."""
+    differ): [{technique, min, max, below (below 1 at every point timed), above, n, rate,
+    wide}]. rate: {min, max} of that ratio over the technique's share of its FLOPs that are
+    model FLOPs at the point (shares[technique]["by_point"], recompute_share), i.e. its FLOP rate,
+    recomputation counted, over the reference's; None without shares. wide: the widest 95%
+    interval of the cells behind the ratios where it passes `target` ({ci, point, technique}),
+    else None."""
     out = []
     for t in techniques:
-        ratios = []
+        ratios, rates, cis = [], [], []
+        by_point = ((shares or {}).get(t) or {}).get("by_point") or {}
         for r in rows:
             if r["technique"] != t or not r.get("tokens_per_s"):
                 continue
             ref = cell_row(rows, r["point"], reference)
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
+                if r["point"] in by_point:
+                    rates.append(ratios[-1] / by_point[r["point"]])
+                cis += [(c.get("rel_ci95") or 0, c["point"], c["technique"]) for c in (r, ref)]
         if ratios:
+            ci, point, tech = max(cis)
             out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
-                        "below": all(v < 1 for v in ratios), "above": all(v > 1 for v in ratios)})  # fmt: skip
+                        "below": all(v < 1 for v in ratios), "above": all(v > 1 for v in ratios),
+                        "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
+                        "wide": {"ci": ci, "point": point, "technique": tech}
+                        if target is not None and ci > target else None})  # fmt: skip
     return out
 
 
 def recompute_share(points: dict, spec: dict, vocab: int) -> dict | None:
     """Model FLOPs over model + recomputed FLOPs per token, over the points (`points`: name ->
     model config): the tokens/s ratio recomputation alone would give at an equal FLOP rate.
-    {min, max} or None where the technique recomputes nothing (or an unknown amount)."""
+    {min, max, by_point} or None where the technique recomputes nothing (or an unknown amount)."""
     from memopt.runtime.flops import flops_per_token, recompute_flops_per_token
 
-    shares = []
-    for model in points.values():
+    shares = {}
+    for name, model in points.items():
         extra = recompute_flops_per_token(model, vocab, spec)
         if not extra:
             return None
         base = flops_per_token(model, vocab, spec.get("window"))
-        shares.append(base / (base + extra))
-    return {"min": min(shares), "max": max(shares)} if shares else None
+        shares[name] = base / (base + extra)
+    return (
+        {"min": min(shares.values()), "max": max(shares.values()), "by_point": shares}
+        if shares
+        else None
+    )

@@ -17,7 +17,11 @@ from memopt.report.figures_style import technique_colors
 from memopt.report.map_results import BREAKDOWN
 
 KINDS = BREAKDOWN  # the step's memory by kind, as results/map.csv has it
-LABELS = {"optimizer_state": "optimizer state", "logits_grad": "logits' gradient"}
+LABELS = {
+    "optimizer_state": "optimizer state",
+    "logits_grad": "logits' gradient",
+    "activations": "other activations",
+}  # the logits counted apart
 
 
 def _panels(n: int, width: float = 3.4) -> tuple[Figure, list]:
@@ -162,7 +166,7 @@ def memory_shares(table, technique: str) -> Figure:
     # two lines: the rotated point names leave the axis shorter than the label on one line
     ax.set_ylabel(f"share of memory\n({technique} at its maximum)")
     ax.set_ylim(0, 1)
-    fig.legend(fontsize=7, ncols=len(KINDS), loc="outside upper center")
+    fig.legend(fontsize=7, ncols=(len(KINDS) + 1) // 2, loc="outside upper center")  # two rows
     return fig
 
 

@@ -145,6 +145,9 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         if s.get("budget_mib"):
             budgets.setdefault(t, []).append(s["budget_mib"])
     plan = map_points(config)
+    # each technique's model FLOPs over all it computes, at every point (None: no recomputation)
+    recompute = {t: recompute_share({p: plan[p] for p in points}, full_spec(specs[t]), tokens["vocab_size"])
+                 for t in techniques}  # fmt: skip
     spans = point_spans(search_paths, searches, read_json)  # when each point's jobs ran
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
@@ -199,8 +202,9 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "host_cap": config["search"].get("host_pinned_gib"),
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
         "at_once": at_once(spans), "groups": time_groups(spans),
-        "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference),
-        "recompute": {t: recompute_share(plan, full_spec(specs[t]), tokens["vocab_size"]) for t in techniques},
+        "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference,
+                                     recompute, config["measure"]["target_rel_ci"]),
+        "recompute": recompute,
         # techniques that set more than one knob otherwise than the reference (not the references)
         "multi_knob": [t for t in techniques if t not in (reference, config.get("baseline"))
                        and len(differs[t]) > 1],

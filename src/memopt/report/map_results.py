@@ -174,7 +174,7 @@ def aggregate_map(points: dict, models: dict, techniques: list, vocab: int, resu
 def same_batch_speed(table, technique: str, reference: str) -> list[dict]:
     """Each point where `technique`'s maximum is `reference`'s batch and both cells were timed:
     {point, batch, ratio (its tokens/s over the reference's), retried (either cell retried
-    cudaMalloc in its timed steps)}. Only there is the ratio the technique's knobs alone."""
+    cudaMalloc in its timed steps), both (both did)}. Only there is the ratio the technique's knobs alone."""
     out = []
     for point, rows in table.groupby("point", sort=False):
         by = {r["technique"]: r for r in rows.to_dict(orient="records")}
@@ -185,7 +185,7 @@ def same_batch_speed(table, technique: str, reference: str) -> list[dict]:
             continue
         out.append({"point": point, "batch": int(t["max_batch"]),
                     "ratio": float(t["tokens_per_s"] / r["tokens_per_s"]),
-                    "retried": retried(t) or retried(r)})  # fmt: skip
+                    "retried": retried(t) or retried(r), "both": retried(t) and retried(r)})  # fmt: skip
     return out
 
 
