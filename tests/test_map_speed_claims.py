@@ -16,7 +16,8 @@ from memopt.report.map_results import same_batch_speed
 
 
 def test_own_maximum_speeds_carry_the_flop_rate_and_the_widest_interval():
-    rows = [{**row(p, t, 1), "tokens_per_s": v, "rel_ci95": ci} for p, t, v, ci in
+    rows = [{**row(p, t, 1), "tokens_per_s": v, "rel_ci95": ci, "cell_status": "ok"}
+            for p, t, v, ci in
             (("a", "flash", 100.0, 0.054), ("a", "ckpt", 85.0, 0.004),
              ("b", "flash", 100.0, 0.003), ("b", "ckpt", 76.0, 0.012))]  # fmt: skip
     shares = {"ckpt": {"min": 0.75, "max": 0.8, "by_point": {"a": 0.75, "b": 0.8}}}
@@ -26,7 +27,8 @@ def test_own_maximum_speeds_carry_the_flop_rate_and_the_widest_interval():
         0.85 / 0.75
     )
     # the reference's cell at a is the widest behind these ratios, past the 1% target
-    assert got["wide"] == {"ci": 0.054, "point": "a", "technique": "flash"}
+    assert got["wide"]["max"] == 0.054 and got["wide"]["n"] == 2
+    assert (got["wide"]["worst"]["point"], got["wide"]["worst"]["technique"]) == ("a", "flash")
     assert own_max_speeds(rows, ["ckpt"], "flash", shares, 0.06)[0]["wide"] is None
     # without the shares of every point, no rate (a range over some points would say too much)
     assert (

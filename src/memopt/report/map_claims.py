@@ -177,12 +177,11 @@ def own_max_speeds(
     differ): [{technique, min, max, below (below 1 at every point timed), above, n, rate,
     wide}]. rate: {min, max} of that ratio over the technique's share of its FLOPs that are
     model FLOPs at the point (shares[technique]["by_point"], recompute_share), i.e. its FLOP rate,
-    recomputation counted, over the reference's; None without shares. wide: the widest 95%
-    interval of the cells behind the ratios where it passes `target` ({ci, point, technique}),
-    else None."""
+    recomputation counted, over the reference's; None without shares. wide: interval_misses of
+    the cells behind the ratios against `target` (None without a target or a miss)."""
     out = []
     for t in techniques:
-        ratios, rates, cis = [], [], []
+        ratios, rates, behind = [], [], []
         by_point = ((shares or {}).get(t) or {}).get("by_point") or {}
         for r in rows:
             if r["technique"] != t or not r.get("tokens_per_s"):
@@ -192,14 +191,12 @@ def own_max_speeds(
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
                 if r["point"] in by_point:
                     rates.append(ratios[-1] / by_point[r["point"]])
-                cis += [(c.get("rel_ci95") or 0, c["point"], c["technique"]) for c in (r, ref)]
+                behind += [r, ref]
         if ratios:
-            ci, point, tech = max(cis)
             out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
                         "below": all(v < 1 for v in ratios), "above": all(v > 1 for v in ratios),
                         "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
-                        "wide": {"ci": ci, "point": point, "technique": tech}
-                        if target is not None and ci > target else None})  # fmt: skip
+                        "wide": interval_misses(behind, target) if target is not None else None})  # fmt: skip
     return out
 
 
