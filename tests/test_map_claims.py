@@ -196,11 +196,12 @@ def test_a_host_bound_technique_with_less_memory_per_token_qualifies_the_winner(
     assert "the tokens per step of `flash` (`ckpt_offload` held to 60 GiB of pinned host " \
            "memory): 2 memory-optimization techniques and 2 references at 3 models" in title  # fmt: skip
     abstract = _render(env, "map/abstract.md.j2", ctx)
-    assert "That ranking holds under the host's pinned-memory budget (60 GiB a GPU): it stops " \
+    assert "That ranking depends on the host's pinned-memory budget (60 GiB a GPU): it stops " \
            "`ckpt_offload` before the GPU's memory does at every point, though `offload`'s " \
            "memory per token is 1.8–2.4× `ckpt_offload`'s. `ckpt_offload` would train more " \
            "than `offload` at every point with about 67–88 GiB pinned a GPU (on lines through " \
-           "its searches' two pinned-memory measurements; its GPU-memory line allows that " \
+           "its searches' two pinned-memory measurements, extrapolated past the largest batch " \
+           "they measured; its GPU-memory line allows that " \
            "batch)." in abstract  # fmt: skip
     conclusion = _render(env, "map/conclusion.md.j2", ctx)
     assert "4.0× the reference at 4.00× the reference's tokens/s (each at its own maximum), " \
@@ -223,7 +224,7 @@ def test_the_paper_counts_the_cells_that_missed_the_interval(base, tmp_path):
         edit(root, point, t, "cell", lambda d, c=ci: d.update(step_time_ms={"rel_ci95": c}))
     limits = render(root).split("## 5 Limitations")[1].split("## 6")[0]
     assert "(its target 1.0% of it, missed in 2 of 23 cells, where the time limit stopped the " \
-           "steps first: up to 2.17%, `flash` at `llama_s_32`)" in limits  # fmt: skip
+           "steps first: up to 2.2%, `flash` at `llama_s_32`)" in limits  # fmt: skip
 
 
 def test_points_that_ran_at_once_are_counted(tmp_path):
@@ -273,7 +274,7 @@ def test_the_window_speed_says_its_flops_and_mfu_and_what_is_not_separated(base,
         lambda d: d.update(tokens_per_s=d["tokens_per_s"] / 1.3 * 1.2),
     )
     findings = render(root).split("## 4 Findings")[1].split("## 5")[0]
-    assert "Below the thresholds, where it computes fewer FLOPs: `llama_m_32` 1.20× (0.83× the " \
+    assert "Below the thresholds, where it computes at least 5% fewer FLOPs: `llama_m_32` 1.20× (0.83× the " \
            "FLOPs, 1.00× the MFU)." in findings  # fmt: skip
 
 
@@ -284,16 +285,19 @@ def test_the_thresholds_basis_is_the_h100_readme():
 
 
 def test_speeds_at_own_maxima_and_what_recomputation_alone_costs():
-    """The second review: the winner's 0.76-0.81x flash's tokens/s is below 1 at every point,
+    """The second review: the winner's 0.76-0.81x flash's tokens/s is under 1 at every point,
     beside the 0.75x that full checkpointing's and the chunked loss's recomputed forward passes
-    alone give at flash's FLOP rate; the same-batch thresholds do not judge different batches."""
+    alone give at flash's FLOP rate; "below" flash's everywhere only past the same-batch rule's
+    0.80 (the review of the 9-point draft: a cell's retries move it whatever the batches)."""
     rows = [{**row(p, t, 1), "tokens_per_s": v} for p, t, v in
             (("a", "flash", 100.0), ("a", "ckpt", 76.0), ("a", "fast", 120.0),
              ("b", "flash", 100.0), ("b", "ckpt", 81.0), ("b", "fast", 95.0))]  # fmt: skip
     speeds = {s["technique"]: s for s in own_max_speeds(rows, ["ckpt", "fast"], "flash")}
-    assert speeds["ckpt"]["below"] and not speeds["ckpt"]["above"]
+    assert speeds["ckpt"]["under"] and not speeds["ckpt"]["above"]
+    assert not speeds["ckpt"]["below"]  # 0.81 > 1 / 1.25
     assert (speeds["ckpt"]["min"], speeds["ckpt"]["max"]) == (0.76, 0.81)
-    assert not speeds["fast"]["below"] and not speeds["fast"]["above"]
+    assert not speeds["fast"]["under"] and not speeds["fast"]["below"]
+    assert not speeds["fast"]["above"]
     model = {"n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 256, "seq_len": 32,
              "arch": "llama", "n_kv_heads": 2, "dropout": 0.0}  # fmt: skip
     full = full_spec({"precision": "bf16", "attention": "flash", "checkpointing": "full",
@@ -333,8 +337,8 @@ def test_limitations_name_the_groups_the_knobs_and_the_budgets_by_technique(base
     limits = md.split("## 5 Limitations")[1].split("## 6")[0]
     assert "Up to 3 points ran at the same time, each on its own GPU of one machine" in limits
     assert ", in 2 groups at different times (`gpt2_s_32`, `gpt2_s_64` and `llama_s_32`; " \
-           "`llama_s_64`, `llama_m_32` and `llama_m_64`), which may have run on different " \
-           "machines;" in limits  # fmt: skip
+           "`llama_s_64`, `llama_m_32` and `llama_m_64`), which ran on one machine (their " \
+           "points share GPUs: Reproducibility);" in limits  # fmt: skip
     # the window sets attention and window, offload three knobs: neither gain has one cause
     assert "`window` and `offload` each set more than one knob otherwise than `flash`, so the " \
            "map does not say which knob their gains come from." in limits  # fmt: skip

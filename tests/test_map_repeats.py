@@ -68,7 +68,7 @@ def test_the_paper_says_the_repeats_and_whether_the_thresholds_clear_them(tmp_pa
     said = paragraph(tmp_path)
     assert "These thresholds are set above the change such retries made" in said
     assert ("This map's repeats, 2 runs each of `flash` and `window` at `llama_s_32` on one GPU "
-            "(the study's `repeats/`), moved a cell that retried by at most 10.0% and one that did "
+            f"(UUID `{CARD}`; the study's `repeats/`), moved a cell that retried by at most 10.0% and one that did "
             "not by at most 0.1% (and at most 17.0% from the point's own run on another GPU): even "
             "two cells moved that far in opposite directions (1.21×) stay below the thresholds.") \
         in said  # fmt: skip

@@ -12,6 +12,12 @@ import math
 from datetime import datetime
 from pathlib import Path
 
+from memopt.report.map_results import SPEED_CLEAR, SPEED_CLEAR_RETRIED, retried
+
+# retries "go with" the room a cell left where at most this share of the cells that left as
+# little as any retried cell did not retry (and some cells left more)
+RETRY_ROOM_CLEAN = 0.25
+
 
 def searches_by_cell(search_paths, searches: list[dict]) -> dict:
     """{(point, technique): search} from results/map/POINT/search/TECHNIQUE.json."""
@@ -172,16 +178,20 @@ def own_max_speeds(
     reference: str,
     shares: dict | None = None,
     target: float | None = None,
+    clear: tuple[float, float] = (SPEED_CLEAR, SPEED_CLEAR_RETRIED),
 ) -> list[dict]:
     """Each technique's tokens/s over the reference's, each at its own maximum (the batches
-    differ): [{technique, min, max, below (below 1 at every point timed), above, n, rate,
-    wide}]. rate: {min, max} of that ratio over the technique's share of its FLOPs that are
-    model FLOPs at the point (shares[technique]["by_point"], recompute_share), i.e. its FLOP rate,
-    recomputation counted, over the reference's; None without shares. wide: interval_misses of
-    the cells behind the ratios against `target` (None without a target or a miss)."""
+    differ): [{technique, min, max, under (below 1 at every point timed), below (at every point
+    at most 1 / clear[0], or 1 / clear[1] where either cell retried cudaMalloc: the same-batch
+    speed rule, as a cell's retries move its mean however the batches compare), above (at least
+    that far above 1 everywhere), n, rate, wide}]. rate: {min, max} of that ratio over the
+    technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
+    recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
+    without shares. wide: interval_misses of the cells behind the ratios against `target` (None
+    without a target or a miss)."""
     out = []
     for t in techniques:
-        ratios, rates, behind = [], [], []
+        ratios, rates, behind, clears = [], [], [], []
         by_point = ((shares or {}).get(t) or {}).get("by_point") or {}
         for r in rows:
             if r["technique"] != t or not r.get("tokens_per_s"):
@@ -189,15 +199,42 @@ def own_max_speeds(
             ref = cell_row(rows, r["point"], reference)
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
+                clears.append(clear[1] if retried(r) or retried(ref) else clear[0])
                 if r["point"] in by_point:
                     rates.append(ratios[-1] / by_point[r["point"]])
                 behind += [r, ref]
         if ratios:
+            pairs = list(zip(ratios, clears))
             out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
-                        "below": all(v < 1 for v in ratios), "above": all(v > 1 for v in ratios),
+                        "under": all(v < 1 for v in ratios),
+                        "below": all(v <= 1 / c for v, c in pairs), "above": all(v >= c for v, c in pairs),
                         "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
                         "wide": interval_misses(behind, target) if target is not None else None})  # fmt: skip
     return out
+
+
+def retry_room(rows: list[dict]) -> dict | None:
+    """How the timed cells that retried cudaMalloc sit against their budgets and how far their
+    steps spread: {free_max (the most budget a retried cell left unallocated at its peak), n, near
+    (cells that left at most that), clean_near (of those, how many did not retry), tracks (the
+    paper may say retries go with that room: RETRY_ROOM_CLEAN), spread (the
+    retried cell whose slowest step over its fastest is the largest), clean_spread (the largest
+    such ratio in a cell that did not retry)}, or None where no cell retried."""
+    timed = [r for r in rows if r.get("tokens_per_s")]
+    hit = [r for r in timed if retried(r) and r.get("free_mib") is not None]
+    if not hit:
+        return None
+    free_max = max(r["free_mib"] for r in hit)
+    near = [r for r in timed if r.get("free_mib") is not None and r["free_mib"] <= free_max]
+    spread = [r for r in hit if r.get("step_spread")]
+    clean = [r["step_spread"] for r in timed if not retried(r) and r.get("step_spread")]
+    clean_near = sum(not retried(r) for r in near)
+    return {"free_max": free_max, "n": len(hit), "near": len(near), "clean_near": clean_near,
+            # retries go with the room left: most cells that left that little retried, and some
+            # cells left more (none of which retried, by free_max)
+            "tracks": len(near) < len(timed) and clean_near <= RETRY_ROOM_CLEAN * len(near),
+            "spread": max(spread, key=lambda r: r["step_spread"]) if spread else None,
+            "clean_spread": max(clean, default=None)}  # fmt: skip
 
 
 def recompute_share(points: dict, spec: dict, vocab: int) -> dict | None:

@@ -32,6 +32,7 @@ from memopt.report.map_claims import (
     own_max_speeds,
     point_spans,
     recompute_share,
+    retry_room,
     searches_by_cell,
     single_points,
     slope_ratios,
@@ -44,6 +45,8 @@ from memopt.report.map_results import (
     LIMIT_MARKS,
     LIMIT_WHY,
     MAP_FIGURE_NAMES,
+    SPEED_CLEAR,
+    SPEED_CLEAR_RETRIED,
     retried,
     was_timed,
 )
@@ -57,6 +60,8 @@ from memopt.runtime.flops import param_count
 SECTIONS = ("title", "abstract", "introduction", "findings", "limitations", "conclusion")
 KNOB_DEFAULTS = {"precision": None, "attention": None, "window": None, "checkpointing": "none",
                  "loss": "standard", "offload": "none", "compile": False, "optimizer": "adamw"}  # fmt: skip
+# a window's same-batch speed-up is set beside its FLOPs where it computes below this share of them
+FEWER_FLOPS = 0.95
 KNOB_COLUMNS = tuple(KNOB_DEFAULTS)
 
 
@@ -135,6 +140,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
                 cell_row(rows, f["point"], reference),
             )
             f.update(mfu=mine["mfu"], ref_mfu=ref["mfu"], flops=_flops(mine) / _flops(ref))
+    verdicts = [f for s in speed for f in s["faster"] + s["slower"]]
     fits = [s["fit"] for s in searches if s.get("fit")]
     spread = budget_spread(search_paths, searches, rows, reference)
     for o in (spread or {}).get("one_apart", []):  # what each search's line allows there
@@ -203,7 +209,15 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
         "at_once": at_once(spans), "groups": time_groups(spans),
         "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference,
-                                     recompute, config["measure"]["target_rel_ci"]),
+                                     recompute, config["measure"]["target_rel_ci"],
+                                     (findings.get("speed_clear") or SPEED_CLEAR,
+                                      findings.get("speed_clear_retried") or SPEED_CLEAR_RETRIED)),
+        "retry_room": retry_room(timed),
+        # a faster or slower verdict at the reference's batch from two cells that did not retry
+        "verdicts_clean": bool(verdicts) and not any(f["retried"] for f in verdicts),
+        "fewer_flops": FEWER_FLOPS,
+        # the most machines the groups of points ran on (groups that share a GPU ran on one)
+        "group_machines": _group_machines(time_groups(spans), where_run(rows)),
         "recompute": recompute,
         # techniques that set more than one knob otherwise than the reference (not the references)
         "multi_knob": [t for t in techniques if t not in (reference, config.get("baseline"))
@@ -225,6 +239,18 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
     }  # fmt: skip
+
+
+def _group_machines(groups: list[list[str]], where: dict) -> int:
+    """How many machines the groups (time_groups) ran on at most: groups whose points share a GPU
+    (its UUID) ran on one machine."""
+    gpu_of = {p: g["uuid"] for g in where["gpus"] for p in g["points"]}
+    machines: list[set] = []  # the GPUs of each machine found so far
+    for g in groups:
+        gpus = {gpu_of.get(p) for p in g} - {None}
+        joined = [m for m in machines if m & gpus]
+        machines = [m for m in machines if not m & gpus] + [gpus.union(*joined)]
+    return len(machines)
 
 
 def _flops(row: dict) -> float:
@@ -280,6 +306,7 @@ def map_tables(ctx: dict) -> dict[str, Table]:
             return "OOM" if r["search_status"] == "none_fits" else "-"
         return num(r["per_token_mib"] * 1024, 1)
 
+    no_slope = any(per_token(r) == "-" for r in ctx["rows"])  # Table 4's "-" only where it is used
     budgets = ctx["searches"]["budgets_mib"] or [None]  # sorted: the smallest to the largest
     lo, hi = (num(b) if b else "n/a" for b in (budgets[0], budgets[-1]))
     budget = lo if lo == hi else f"{lo} to {hi}"
@@ -303,8 +330,9 @@ def map_tables(ctx: dict) -> dict[str, Table]:
                            "r: cudaMalloc failed and was "
                            "retried in the timed steps (Limitations).", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
-                               "line of peak memory against batch, divided by the sequence length; -: the search tried fewer "
-                               "than two batches that fit, so no slope; OOM: batch 1 does not fit.", 4, "per-token"),
+                               "line of peak memory against batch, divided by the sequence length"
+                               + ("; -: the search tried fewer than two batches that fit, so no slope" if no_slope else "")
+                               + "; OOM: batch 1 does not fit.", 4, "per-token"),
     }  # fmt: skip
 
 

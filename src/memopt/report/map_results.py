@@ -56,7 +56,7 @@ MAP_COLUMNS = (
     ["point", "model", "arch", "params", "seq_len", "technique", "search_status", "limit",
      "max_batch", "max_tokens", "trials", "search_s", "per_token_mib", "fixed_mib"]
     + ["cell_status", "tokens_per_s", "model_tflops", "mfu", "rel_ci95", "timed_steps",
-       "alloc_retries", "peak_allocated_mib"]
+       "alloc_retries", "peak_allocated_mib", "free_mib", "step_spread"]
     + [f"{kind}_mib" for kind in BREAKDOWN]
     + ["gpu", "gpu_uuid", "git_commit", "search_gpu_uuid", "search_git_commit"]
 )  # fmt: skip
@@ -98,6 +98,12 @@ def map_row(point: str, model_name: str, model: dict, vocab: int, search: dict, 
         "timed_steps": cell.get("timed_steps") if ok else None,
         "alloc_retries": (cell.get("allocator_events") or {}).get("alloc_retries") if ok else None,
         "peak_allocated_mib": cell.get("peak_allocated_mib") if ok else None,
+        # the search's budget left unallocated at the cell's peak, and the cell's slowest timed
+        # step over its fastest (a cell that retried cudaMalloc mixes slow and fast steps)
+        "free_mib": search["budget_mib"] - cell["peak_allocated_mib"]
+        if ok and search.get("budget_mib") and cell.get("peak_allocated_mib") else None,
+        "step_spread": max(steps) / min(steps)
+        if ok and (steps := cell.get("step_times_ms")) and min(steps) > 0 else None,
         **{f"{k}_mib": breakdown.get(f"{k}_mib") if ok else None for k in BREAKDOWN},
         # where it ran: the cell's GPU and commit, and the search's (a point runs on one GPU)
         **{k: (cell.get("provenance") or {}).get(k) for k in ("gpu", "gpu_uuid", "git_commit")},
