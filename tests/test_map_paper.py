@@ -285,7 +285,7 @@ def test_the_headline_parts_host_from_gpu_and_names_the_references_retries(rende
     assert "3.0–4.0× as many as BF16 `flash` (4.0× where the GPU's " \
            "memory stopped `offload`, at least 3.0× where the host's pinned-memory budget did)" \
         in abstract  # fmt: skip
-    assert "(each at its own maximum; one cell or both retried cudaMalloc in their timed steps " \
+    assert "`flash`'s tokens/s (one cell or both retried cudaMalloc in their timed steps " \
            "at all 6 points: see Limitations)" in abstract  # fmt: skip
     limits = md.split("## 5 Limitations")[1].split("## 6")[0]
     assert "so there the budget alone can put two maxima up to 2 sequences apart, as it may " \
@@ -393,8 +393,8 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
     # run 1,000 tokens/s a sequence: 4x the sequences, 4x the tokens/s)
     # (offload, host-bound on llama_m, also 4.0x there: no split; it retried at llama_m)
     assert "`offload` trains the most tokens per step at every point, 4.0× as many as BF16 " \
-           "`flash`, at 4.00× `flash`'s tokens/s (each at its own maximum; one cell or both " \
-           "retried cudaMalloc in their timed steps at 2 of the 6 points: see Limitations), " \
+           "`flash`. At their own maxima, `offload` ran at 4.00× `flash`'s tokens/s (one cell or " \
+           "both retried cudaMalloc in their timed steps at 2 of the 6 points: see Limitations), " \
            "above `flash`'s at every point; its recomputed forward passes alone would give 0.75× at " \
            "`flash`'s FLOP rate, and counting them it ran at 5.33× that rate." in abstract  # fmt: skip
     assert "stopped the batch, so there it bounds what the GPU's memory allows only from below." \

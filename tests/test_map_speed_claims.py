@@ -68,7 +68,7 @@ def test_the_paper_names_the_widest_interval_and_the_flop_rate(base, tmp_path): 
     edit(root, "gpt2_s_32", "flash", "cell", lambda d: d.update(step_time_ms={"rel_ci95": 0.054}))
     md = render(root)
     abstract = md.split("## Abstract")[1].split("## 1")[0]
-    assert "(each at its own maximum; 95% intervals up to 5.4% of a cell's mean, at `gpt2_s_32`;" \
+    assert "`flash`'s tokens/s (95% intervals up to 5.4% of a cell's mean, at `gpt2_s_32`;" \
         in abstract  # fmt: skip
     assert "and counting them it ran at 5.33× that rate." in abstract
     assert "near the" not in abstract
