@@ -198,7 +198,7 @@ def test_a_host_bound_technique_with_less_memory_per_token_qualifies_the_winner(
     abstract = _render(env, "map/abstract.md.j2", ctx)
     assert "That ranking depends on the host's pinned-memory budget (60 GiB a GPU): it stops " \
            "`ckpt_offload` before the GPU's memory does at every point, though `offload`'s " \
-           "memory per token is 1.8–2.4× `ckpt_offload`'s. `ckpt_offload` would train more " \
+           "GPU memory per token is 1.8–2.4× `ckpt_offload`'s. `ckpt_offload` would train more " \
            "than `offload` at every point with about 67–88 GiB pinned a GPU (on lines through " \
            "its searches' two pinned-memory measurements, extrapolated past the largest batch " \
            "they measured; its GPU-memory line allows that " \
@@ -274,7 +274,8 @@ def test_the_window_speed_says_its_flops_and_mfu_and_what_is_not_separated(base,
         lambda d: d.update(tokens_per_s=d["tokens_per_s"] / 1.3 * 1.2),
     )
     findings = render(root).split("## 4 Findings")[1].split("## 5")[0]
-    assert "Below the thresholds, where it computes at least 5% fewer FLOPs: `llama_m_32` 1.20× (0.83× the " \
+    assert "Where it computes at least 5% fewer model FLOPs per token but stays below the " \
+           "thresholds: `llama_m_32` 1.20× (0.83× the " \
            "FLOPs, 1.00× the MFU)." in findings  # fmt: skip
 
 

@@ -112,6 +112,12 @@ def test_below_at_own_maxima_takes_the_speed_rule_and_the_retries():
     assert not below(0.78, 4)["below"] and below(0.78, 4)["under"]  # the reference retried
     assert below(0.6, 4)["below"]  # past 1 / 1.5
     assert below(1.6, 4)["above"] and not below(1.4, 4)["above"]
+    # the pairs behind the range's ends: one sequence apart where the technique's batch is 2
+    two = rows(0.9, 4) + [{**row("b", "flash", 1), "tokens_per_s": 100.0, "alloc_retries": 0},
+                          {**row("b", "ckpt", 2), "tokens_per_s": 120.0, "alloc_retries": 0}]  # fmt: skip
+    ends = own_max_speeds(two, ["ckpt"], "flash", clear=(1.25, 1.5))[0]["ends"]
+    assert ends == [{"point": "a", "retried": True, "one_more": False},
+                    {"point": "b", "retried": False, "one_more": True}]  # fmt: skip
 
 
 def test_retry_room_says_how_far_retried_steps_spread_and_whether_retries_track_the_room():
@@ -173,5 +179,5 @@ def test_the_paper_gives_the_retried_step_spread_and_table_4_caption_its_marks(b
     assert "Within one cell that retried, the slowest timed step took up to 1.50× the fastest " \
            "(`offload` at `llama_m_32`), so where a cell retried, how its steps fell between the " \
            "slow path and the fast one could alone move its mean by up to that much; every " \
-           "verdict below comes from two cells that did not retry." in speed  # fmt: skip
+           "faster-or-slower verdict below comes from two cells that did not retry." in speed  # fmt: skip
     assert "-: the search tried fewer than two batches" not in md  # every search drew a line

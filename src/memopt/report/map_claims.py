@@ -184,14 +184,15 @@ def own_max_speeds(
     differ): [{technique, min, max, under (below 1 at every point timed), below (at every point
     at most 1 / clear[0], or 1 / clear[1] where either cell retried cudaMalloc: the same-batch
     speed rule, as a cell's retries move its mean however the batches compare), above (at least
-    that far above 1 everywhere), n, rate, wide}]. rate: {min, max} of that ratio over the
+    that far above 1 everywhere), ends (the pairs behind min and max: {point, retried, one_more:
+    the technique's maximum one sequence above the reference's}), n, rate, wide}]. rate: {min, max} of that ratio over the
     technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
     recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
     without shares. wide: interval_misses of the cells behind the ratios against `target` (None
     without a target or a miss)."""
     out = []
     for t in techniques:
-        ratios, rates, behind, clears = [], [], [], []
+        ratios, rates, behind, clears, ends = [], [], [], [], []
         by_point = ((shares or {}).get(t) or {}).get("by_point") or {}
         for r in rows:
             if r["technique"] != t or not r.get("tokens_per_s"):
@@ -200,6 +201,8 @@ def own_max_speeds(
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
                 clears.append(clear[1] if retried(r) or retried(ref) else clear[0])
+                ends.append({"point": r["point"], "retried": retried(r) or retried(ref),
+                             "one_more": r.get("max_batch") == (ref.get("max_batch") or 0) + 1})  # fmt: skip
                 if r["point"] in by_point:
                     rates.append(ratios[-1] / by_point[r["point"]])
                 behind += [r, ref]
@@ -207,6 +210,7 @@ def own_max_speeds(
             pairs = list(zip(ratios, clears))
             out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
                         "under": all(v < 1 for v in ratios),
+                        "ends": [ends[ratios.index(min(ratios))], ends[ratios.index(max(ratios))]],
                         "below": all(v <= 1 / c for v, c in pairs), "above": all(v >= c for v, c in pairs),
                         "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
                         "wide": interval_misses(behind, target) if target is not None else None})  # fmt: skip

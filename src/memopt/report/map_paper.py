@@ -330,7 +330,8 @@ def map_tables(ctx: dict) -> dict[str, Table]:
                            "r: cudaMalloc failed and was "
                            "retried in the timed steps (Limitations).", 3, "speed"),
         "per_token": _by_point(ctx, per_token, "Memory per token (KiB), the slope of the search's "
-                               "line of peak memory against batch, divided by the sequence length"
+                               "line of peak allocated GPU memory against batch, divided by the sequence length (GPU memory "
+                               "only: pinned host memory is not in it)"
                                + ("; -: the search tried fewer than two batches that fit, so no slope" if no_slope else "")
                                + "; OOM: batch 1 does not fit.", 4, "per-token"),
     }  # fmt: skip
