@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from memopt.report.map_results import BREAKDOWN
+from memopt.report.map_results import BREAKDOWN, speed_verdict
 
 
 def pay_groups(found: list[dict], axis: str) -> list[dict]:
@@ -138,8 +138,9 @@ def speed_summary(findings: dict) -> list[dict]:
     cudaMalloc), each with its ratio, and the others (neither)."""
     out = []
 
-    def clear(f):
-        return findings["speed_clear_retried" if f["retried"] else "speed_clear"]
+    def verdict(f):
+        return speed_verdict(f["ratio"], f["retried"], findings["speed_clear"],
+                             findings["speed_clear_retried"])  # fmt: skip
 
     for technique, found in (findings.get("speed") or {}).items():
         if not found:
@@ -147,9 +148,9 @@ def speed_summary(findings: dict) -> list[dict]:
         ratios = [f["ratio"] for f in found]
         out.append({
             "technique": technique, "n": len(found), "min": min(ratios), "max": max(ratios),
-            "faster": [f for f in found if f["ratio"] >= clear(f)],
-            "slower": [f for f in found if f["ratio"] <= 1 / clear(f)],
-            "others": [f for f in found if 1 / clear(f) < f["ratio"] < clear(f)],
+            "faster": [f for f in found if verdict(f) == "faster"],
+            "slower": [f for f in found if verdict(f) == "slower"],
+            "others": [f for f in found if verdict(f) is None],
         })  # fmt: skip
     return out
 

@@ -12,7 +12,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from memopt.report.map_results import SPEED_CLEAR, SPEED_CLEAR_RETRIED, retried
+from memopt.report.map_results import SPEED_CLEAR, SPEED_CLEAR_RETRIED, retried, speed_verdict
 
 # retries "go with" the room a cell left where at most this share of the cells that left as
 # little as any retried cell did not retry (and some cells left more)
@@ -192,7 +192,7 @@ def own_max_speeds(
     without a target or a miss)."""
     out = []
     for t in techniques:
-        ratios, rates, behind, clears, ends = [], [], [], [], []
+        ratios, rates, behind, ends = [], [], [], []
         by_point = ((shares or {}).get(t) or {}).get("by_point") or {}
         for r in rows:
             if r["technique"] != t or not r.get("tokens_per_s"):
@@ -200,18 +200,17 @@ def own_max_speeds(
             ref = cell_row(rows, r["point"], reference)
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
-                clears.append(clear[1] if retried(r) or retried(ref) else clear[0])
                 ends.append({"point": r["point"], "retried": retried(r) or retried(ref),
                              "one_more": r.get("max_batch") == (ref.get("max_batch") or 0) + 1})  # fmt: skip
                 if r["point"] in by_point:
                     rates.append(ratios[-1] / by_point[r["point"]])
                 behind += [r, ref]
         if ratios:
-            pairs = list(zip(ratios, clears))
+            said = [speed_verdict(v, e["retried"], *clear) for v, e in zip(ratios, ends)]
             out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
                         "under": all(v < 1 for v in ratios),
                         "ends": [ends[ratios.index(min(ratios))], ends[ratios.index(max(ratios))]],
-                        "below": all(v <= 1 / c for v, c in pairs), "above": all(v >= c for v, c in pairs),
+                        "below": all(v == "slower" for v in said), "above": all(v == "faster" for v in said),
                         "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
                         "wide": interval_misses(behind, target) if target is not None else None})  # fmt: skip
     return out

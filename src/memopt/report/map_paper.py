@@ -155,6 +155,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     recompute = {t: recompute_share({p: plan[p] for p in points}, full_spec(specs[t]), tokens["vocab_size"])
                  for t in techniques}  # fmt: skip
     spans = point_spans(search_paths, searches, read_json)  # when each point's jobs ran
+    groups, where = time_groups(spans), where_run(rows)
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -207,7 +208,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "rivals": host_rivals(rows, best, by_cell),
         "host_cap": config["search"].get("host_pinned_gib"),
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
-        "at_once": at_once(spans), "groups": time_groups(spans),
+        "at_once": at_once(spans), "groups": groups,
         "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference,
                                      recompute, config["measure"]["target_rel_ci"],
                                      (findings.get("speed_clear") or SPEED_CLEAR,
@@ -217,7 +218,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "verdicts_clean": bool(verdicts) and not any(f["retried"] for f in verdicts),
         "fewer_flops": FEWER_FLOPS,
         # the most machines the groups of points ran on (groups that share a GPU ran on one)
-        "group_machines": _group_machines(time_groups(spans), where_run(rows)),
+        "group_machines": _group_machines(groups, where),
         "recompute": recompute,
         # techniques that set more than one knob otherwise than the reference (not the references)
         "multi_knob": [t for t in techniques if t not in (reference, config.get("baseline"))
@@ -235,7 +236,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
                    "gpu": any(r["gpu"] for r in timed)},
-        "where": where_run(rows),
+        "where": where,
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},
     }  # fmt: skip

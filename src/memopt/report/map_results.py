@@ -34,6 +34,14 @@ LIMIT_WHY = {"host": "the host's pinned memory, not the GPU's, stopped the batch
              "data": "the training data did", "cap": "the search's cap did"}  # fmt: skip
 
 
+def speed_verdict(ratio: float, either_retried: bool, clear: float = SPEED_CLEAR,
+                  clear_retried: float = SPEED_CLEAR_RETRIED) -> str | None:  # fmt: skip
+    """ "faster" or "slower" where a tokens/s ratio is at least `clear` from 1 (`clear_retried`
+    where either cell retried cudaMalloc), else None: the map paper's one speed rule."""
+    c = clear_retried if either_retried else clear
+    return "faster" if ratio >= c else ("slower" if ratio <= 1 / c else None)
+
+
 def was_timed(row: dict) -> bool:
     """Whether a cell was timed (its tokens/s: None or NaN where it was not)."""
     v = row.get("tokens_per_s")
