@@ -278,9 +278,8 @@ def test_gpu_study_save_keeps_only_whole_points(tmp_path):
     import tarfile
 
     (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "gpu_study.sh").write_bytes(
-        (ROOT / "tools" / "gpu_study.sh").read_bytes()
-    )
+    for name in ("gpu_study.sh", "gpu_study_repeats.sh"):
+        (tmp_path / "tools" / name).write_bytes((ROOT / "tools" / name).read_bytes())
     (tmp_path / "src").symlink_to(ROOT / "src")
     (tmp_path / "map.yaml").write_bytes((ROOT / "config" / "map.yaml").read_bytes())
     techniques = yaml.safe_load((ROOT / "config" / "map.yaml").read_text())["techniques"]

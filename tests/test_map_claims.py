@@ -320,7 +320,8 @@ def test_points_are_grouped_by_when_they_ran(tmp_path):
 
     paths = [write("c", 40, 50), write("a", 0, 10), write("b", 5, 20), write("d", 45, 47)]
     searches = [json.loads(p.read_text()) for p in paths]
-    assert time_groups(point_spans(paths, searches, lambda p: {})) == [["a", "b"], ["c", "d"]]
+    groups = time_groups(point_spans(paths, searches, lambda p: {}))  # (point, GPU UUID)
+    assert groups == [[("a", None), ("b", None)], [("c", None), ("d", None)]]
 
 
 def test_limitations_name_the_groups_the_knobs_and_the_budgets_by_technique(base, tmp_path):

@@ -13,7 +13,14 @@ import pytest
 from test_map_claims import base, copy, edit, render, row  # noqa: F401 (base: a fixture)
 from test_map_repeats import paragraph, write_repeats
 
-from memopt.report.map_claims import own_max_speeds, recompute_share, retry_room
+from memopt.report.map_claims import (
+    at_once,
+    own_max_speeds,
+    point_spans,
+    recompute_share,
+    retry_room,
+    time_groups,
+)
 from memopt.report.map_paper import _group_machines
 from memopt.report.map_results import map_row, same_batch_speed
 
@@ -139,11 +146,39 @@ def test_retry_room_says_how_far_retried_steps_spread_and_whether_retries_track_
 
 
 def test_groups_that_share_a_gpu_ran_on_one_machine():
-    where = {"gpus": [{"uuid": "X", "points": ["a", "c"]}, {"uuid": "Y", "points": ["b"]},
-                      {"uuid": "Z", "points": ["d"]}]}  # fmt: skip
-    assert _group_machines([["a", "b"], ["c"], ["d"]], where) == 2
-    assert _group_machines([["a"], ["b"], ["d"]], where) == 3
-    assert _group_machines([["a", "d"], ["b"], ["c", "b"]], where) == 1
+    a, b, c, d = ("a", "X"), ("b", "Y"), ("c", "X"), ("d", "Z")
+    assert _group_machines([[a, b], [c], [d]]) == 2
+    assert _group_machines([[a], [b], [d]]) == 3
+    assert _group_machines([[a, d], [b], [c, b]]) == 1
+
+
+def test_a_point_on_two_gpus_has_a_span_on_each(tmp_path):
+    """A point whose techniques ran on two machines (STUDY_PARTIAL=pairs) did not run all the
+    time between: a point run meanwhile is a group of its own, not one run at the same time."""
+
+    def write(point, technique, start, end, gpu):
+        path = tmp_path / "map" / point / "search" / f"{technique}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        when = {
+            "started": f"2026-11-29T09:{start:02d}:00Z",
+            "finished": f"2026-11-29T09:{end:02d}:00Z",
+        }
+        path.write_text(json.dumps({"provenance": when | {"gpu_uuid": gpu}}))
+        return path
+
+    paths = [
+        write("e", "t", 0, 10, "X"),
+        write("e", "u", 40, 50, "Y"),
+        write("f", "t", 20, 30, "Z"),
+    ]
+    spans = point_spans(paths, [json.loads(p.read_text()) for p in paths], lambda p: {})
+    assert spans == {("e", "X"): (spans[("e", "X")][0], spans[("e", "X")][0] + 600),
+                     ("e", "Y"): (spans[("e", "X")][0] + 2400, spans[("e", "X")][0] + 3000),
+                     ("f", "Z"): (spans[("e", "X")][0] + 1200, spans[("e", "X")][0] + 1800)}  # fmt: skip
+    assert at_once(spans) == 1
+    groups = time_groups(spans)
+    assert groups == [[("e", "X")], [("f", "Z")], [("e", "Y")]]
+    assert _group_machines(groups) == 3
 
 
 def test_a_row_keeps_the_room_left_and_the_step_spread():

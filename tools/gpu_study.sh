@@ -12,7 +12,9 @@
 #   Here, between machines: mkdir -p .study && cp <files_at>/state.tar.gz .study/
 #   (`wait N; save` in every call: a machine lost between calls loses only that call's work; a
 #   map point is saved only whole, so a point cut off mid-way runs again, whole, on the next
-#   machine, and every point's searches and cells come from one GPU)
+#   machine, and every point's searches and cells come from one GPU; with STUDY_PARTIAL=pairs a
+#   save keeps a cut point's whole technique pairs, each a search and its cell from one GPU, and
+#   the next machine runs only the rest of it)
 #
 # .whl: wheels the GPU image lacks (../shared/hooks/device-wheels.sh); .corpus: speakleash.json and
 # eltec_pol_corpus.* from ../shared/corpus/speakleash. The corpus mirror is given relative (.corpus)
@@ -59,7 +61,7 @@ CORPUS="corpus={'source': 'mirror', 'mirror': '.corpus', 'dataset': '${STUDY_DAT
 # the exactness runs), every cell, every quality run (from its tokens), the paper. On a CPU: 20 s.
 make_targets() {  # after setup: memopt's config needs the carried wheels (jsonschema)
 mapfile -t TARGETS < <(python3 - "$CONFIGFILE" <<'PY'
-import sys, yaml
+import os, sys, yaml
 sys.path.insert(0, "src")
 from memopt.config import validate_config
 from memopt.runtime.functions import functions
@@ -74,6 +76,9 @@ if c["map"]:  # a map study: one target per point (its searches and cells on one
         # small models' points and 1,000-1,300 for the large ones' (900 + 300 B + L / 64 there)
         billions = param_count(model, c["tokenizer"]["vocab_size"]) / 1e9
         est = int(700 + 350 * billions + model["seq_len"] // 64) if cuda else 20
+        done = sum(os.path.exists(f"results/map/{point}/search/{t}.json")
+                   and os.path.exists(f"results/map/{point}/cells/{t}/max.json") for t in c["techniques"])
+        est = est * (len(c["techniques"]) - done) // len(c["techniques"])  # STUDY_PARTIAL=pairs
         print(f"point:{point}", est)
     print("results/map.csv 20")
     sys.exit()
@@ -195,58 +200,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 PY
 }
 
-repeats_ready() {  # whether STUDY_REPEATS's cells are all here (whole) to be repeated
-  local point techs t
-  IFS=: read -r point techs _ <<< "$STUDY_REPEATS"
-  for t in ${techs//,/ }; do [ -f "results/map/$point/cells/$t/max.json" ] || return 1; done
-}
-
-run_repeats() {  # STUDY_REPEATS='POINT:TECH[,TECH...]:N' on GPU $1 (deadline $2 s after $3):
-  # each cell N more times, in a copy of the study's sources, data and that point's results (the
-  # study's own cells, logs and Snakemake records stay as they are: a save mid-repeat keeps the
-  # point whole), once this folder's warm worker on that GPU has exited (a second one would hold
-  # memory beside it); the cells that come back go to repeats/POINT/rR/TECH.json (`save` keeps
-  # them), a line each to the run's log (Snakemake's own output: logs/repeats-gpuG.log)
-  local g=$1 deadline=$2 t0=$3 point techs n copy=/tmp/memopt-repeats-$1 r t f base took=60 start
-  local log=$PWD/logs/repeats-gpu$1.log
-  IFS=: read -r point techs n <<< "$STUDY_REPEATS"
-  repeats_ready || { echo "== gpu $g: repeats: $point has not every cell of $techs here"; return 0; }
-  stop_workers . "$g"
-  rm -rf "$copy" && mkdir -p "$copy/results/map" "$copy/.snakemake" || return 0
-  local copied=1
-  for f in * .corpus .memopt-study; do  # not the other GPUs' results, logs and Snakemake files
-    case $f in results | logs | repeats) ;; *) [ ! -e "$f" ] || cp -a "$f" "$copy/" || copied=0 ;; esac
-  done
-  [ $copied = 1 ] && cp -a "results/map/$point" "$copy/results/map/" \
-    && cp -a .snakemake/metadata "$copy/.snakemake/" \
-    || { echo "== gpu $g: repeats: copying the study failed"; return 0; }
-  # the next free round (the highest before, not a count: a round where every cell failed leaves none)
-  base=$(ls "repeats/$point" 2>/dev/null | sed -n 's/^r\([0-9]*\)$/\1/p' | sort -n | tail -1)
-  for ((r = ${base:-0} + 1; r <= ${base:-0} + ${n:-3}; r++)); do
-    for t in ${techs//,/ }; do
-      # a cell starts only while the longest so far (60 s before the first) and a minute fit
-      if [ $(( deadline - ($(date +%s) - t0) )) -lt $(( took + 60 )) ]; then
-        echo "== gpu $g: repeats stopped before the deadline (round $r, $t)"; stop_workers "$copy" "$g"; return 0
-      fi
-      f=results/map/$point/cells/$t/max.json start=$(date +%s)
-      rm -f "$copy/$f"
-      (cd "$copy" && CUDA_VISIBLE_DEVICES=$g STUDY_GPUS=1 SMK_NOLOCK=1 smk "$f" >> "$log" 2>&1) \
-        || { echo "== gpu $g: repeat $r of $point $t FAILED (logs/repeats-gpu$g.log)"; continue; }
-      start=$(( $(date +%s) - start )) && took=$(( start > took ? start : took ))
-      mkdir -p "repeats/$point/r$r" && cp "$copy/$f" "repeats/$point/r$r/.$t.json.tmp" \
-        && mv -f "repeats/$point/r$r/.$t.json.tmp" "repeats/$point/r$r/$t.json"  # (whole in a save)
-      python3 - "repeats/$point/r$r/$t.json" "$g" "$r" "$point" "$t" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-retries = (c.get("allocator_events") or {}).get("alloc_retries")
-print(f"== gpu {sys.argv[2]}: repeat {sys.argv[3]} of {sys.argv[4]} {sys.argv[5]} at batch "
-      f"{c['batch_size']}: {c['tokens_per_s']:,.0f} tokens/s, {retries} cudaMalloc retries in "
-      f"{c['timed_steps']} timed steps ({c['provenance'].get('gpu_uuid')})")
-PY
-    done
-  done
-  stop_workers "$copy" "$g"  # its GPU free again
-}
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_study_repeats.sh"  # repeats_ready, run_repeats (STUDY_REPEATS)
 
 run_pinned() {  # a map study on STUDY_GPUS GPUs: one Snakemake per GPU, points from one queue
   local deadline=$1 t0 claims entries
@@ -313,7 +267,6 @@ run_parallel() {  # another study on STUDY_GPUS GPUs: one Snakemake with gpu=N (
 case ${1:-} in
   start)
     setup
-    make_targets
     mkdir -p .study && echo "$CONFIGFILE" > .study/config
     mkdir -p logs "$OUT"
     info=$({ nvidia-smi -L; hostname; echo "commit ${MEMOPT_GIT_COMMIT:-unset}"; } 2>&1)
@@ -341,6 +294,7 @@ case ${1:-} in
     # no Snakemake run and none of its jobs runs in this folder (docs/running.md, "When a run is
     # interrupted"); it refuses, and the piece stops, while one still does.
     python3 -m memopt.run.cli unlock || exit 1
+    make_targets  # after the restore: a point's estimate counts only what is left of it
     if [ -f data/study.mtimes ]; then  # the first piece's times: the data is as old as it was there
       while read -r t f; do touch -d "@$t" "$f"; done < data/study.mtimes
     else
@@ -380,7 +334,10 @@ case ${1:-} in
     # pax keeps sub-second times: Snakemake compares them (data vs. benchmark and log files)
     # A map point is saved only whole (every technique's search and cell): a point cut off
     # mid-way is left out and runs again, whole, on the next machine's one GPU, so each point's
-    # searches and cells all come from one GPU (issue 34)
+    # searches and cells all come from one GPU (issue 34). STUDY_PARTIAL=pairs keeps its whole
+    # pairs (a technique's search and cell, one GPU's) and the next machine runs the rest: for
+    # machines lost between calls, at the price of a point's techniques on more than one card
+    # (the map paper names such points)
     cut=()
     partial=$(python3 - "$CONFIGFILE" <<'PY'
 import os, sys, yaml
@@ -391,12 +348,21 @@ c = validate_config(yaml.safe_load(open(sys.argv[1])))
 for p in map_points(c):
     done = [os.path.exists(f"results/map/{p}/search/{t}.json") and os.path.exists(f"results/map/{p}/cells/{t}/max.json") for t in c["techniques"]]
     if os.path.isdir(f"results/map/{p}") and not all(done):
-        print(f"{p}:{sum(done)}/{len(done)}")
+        print(f"{p}:{sum(done)}/{len(done)}:" + ",".join(t for t, d in zip(c["techniques"], done) if not d))
 PY
     ) || { echo "save: could not tell which map points are whole: nothing saved"; exit 1; }
     for s in $partial; do
-      p=${s%%:*}
-      echo "save: map point $p has ${s#*:} techniques done: left out of the state (it runs again, whole)"
+      IFS=: read -r p n left <<< "$s"
+      if [ "${STUDY_PARTIAL:-}" = pairs ]; then  # its whole pairs stay; the rest runs on the next machine
+        echo "save: map point $p has $n techniques done: those kept (STUDY_PARTIAL=pairs), $left left"
+        for t in ${left//,/ }; do  # a search without its cell too: each pair comes from one GPU
+          cut+=(--exclude="results/map/$p/search/$t.json" --exclude="results/map/$p/cells/$t"
+            --exclude="logs/map/$p/search/$t.log" --exclude="logs/map/$p/cells/$t.log"
+            --exclude="results/benchmarks/map/$p/search/$t.tsv" --exclude="results/benchmarks/map/$p/cell/$t.tsv")
+        done
+        continue
+      fi
+      echo "save: map point $p has $n techniques done: left out of the state (it runs again, whole)"
       cut+=(--exclude="results/map/$p" --exclude="logs/map/$p" --exclude="results/benchmarks/map/$p")
     done
     tar --format=posix -czf "$OUT/state.tar.gz" --exclude='*.pyc' --exclude='.*.tmp' "${cut[@]}" data/study.sha256 data/study.mtimes results logs .snakemake/metadata \

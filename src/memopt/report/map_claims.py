@@ -134,9 +134,11 @@ def _when(text: str | None) -> float | None:
 
 
 def point_spans(search_paths, searches: list[dict], read) -> dict:
-    """{point: (start, end)}: from its first search's start to its last job's end (provenance
-    of the searches and of the cells beside them; `read` reads a cell's JSON), for at_once and
-    time_groups."""
+    """{(point, GPU UUID): (start, end)}: from the point's first search's start to its last job's
+    end on that GPU (provenance of the searches and of the cells beside them; `read` reads a
+    cell's JSON), for at_once and time_groups. A point whose techniques ran on two GPUs, at
+    different times (a machine lost mid-point: tools/gpu_study.sh STUDY_PARTIAL=pairs), has a
+    span on each, not one across the time between them."""
     spans: dict = {}
     for path, s in zip(search_paths, searches):
         path = Path(path)
@@ -145,8 +147,9 @@ def point_spans(search_paths, searches: list[dict], read) -> dict:
             prov = data.get("provenance") or {}
             start, end = _when(prov.get("started")), _when(prov.get("finished"))
             if start is not None and end is not None:
-                lo, hi = spans.get(path.parts[-3], (start, end))
-                spans[path.parts[-3]] = (min(lo, start), max(hi, end))
+                key = (path.parts[-3], prov.get("gpu_uuid"))
+                lo, hi = spans.get(key, (start, end))
+                spans[key] = (min(lo, start), max(hi, end))
     return spans
 
 
@@ -159,9 +162,9 @@ def at_once(spans: dict) -> int | None:
 
 
 def time_groups(spans: dict) -> list[list[str]]:
-    """The points in groups that ran at overlapping times (`spans`: point_spans; a group ran on
-    one machine, groups that did not overlap may have run on different machines), in the order
-    they began."""
+    """The (point, GPU) keys of `spans` (point_spans) in groups that ran at overlapping times (a
+    group ran on one machine, groups that did not overlap may have run on different machines), in
+    the order they began."""
     groups: list = []  # [[points], end]
     for point, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1]):
         if groups and lo < groups[-1][1]:

@@ -155,7 +155,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     recompute = {t: recompute_share({p: plan[p] for p in points}, full_spec(specs[t]), tokens["vocab_size"])
                  for t in techniques}  # fmt: skip
     spans = point_spans(search_paths, searches, read_json)  # when each point's jobs ran
-    groups, where = time_groups(spans), where_run(rows)
+    runs, where = time_groups(spans), where_run(rows)
+    groups = [list(dict.fromkeys(point for point, _ in g)) for g in runs]  # points, in order
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -218,7 +219,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "verdicts_clean": bool(verdicts) and not any(f["retried"] for f in verdicts),
         "fewer_flops": FEWER_FLOPS,
         # the most machines the groups of points ran on (groups that share a GPU ran on one)
-        "group_machines": _group_machines(groups, where),
+        "group_machines": _group_machines(runs),
         "recompute": recompute,
         # techniques that set more than one knob otherwise than the reference (not the references)
         "multi_knob": [t for t in techniques if t not in (reference, config.get("baseline"))
@@ -242,13 +243,12 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     }  # fmt: skip
 
 
-def _group_machines(groups: list[list[str]], where: dict) -> int:
-    """How many machines the groups (time_groups) ran on at most: groups whose points share a GPU
-    (its UUID) ran on one machine."""
-    gpu_of = {p: g["uuid"] for g in where["gpus"] for p in g["points"]}
+def _group_machines(groups: list[list[tuple]]) -> int:
+    """How many machines the groups of (point, GPU UUID) (time_groups) ran on at most: groups
+    that share a GPU ran on one machine."""
     machines: list[set] = []  # the GPUs of each machine found so far
     for g in groups:
-        gpus = {gpu_of.get(p) for p in g} - {None}
+        gpus = {gpu for _, gpu in g} - {None}
         joined = [m for m in machines if m & gpus]
         machines = [m for m in machines if not m & gpus] + [gpus.union(*joined)]
     return len(machines)
