@@ -30,8 +30,9 @@ def gpu_study(wd: Path, *args: str, **env: str) -> str:
         )
         | env
     )
+    script = env.pop("SCRIPT", "gpu_study.sh")  # or another of tools/
     proc = subprocess.run(
-        ["bash", "tools/gpu_study.sh", *args], cwd=wd, env=env, capture_output=True, text=True
+        ["bash", f"tools/{script}", *args], cwd=wd, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout

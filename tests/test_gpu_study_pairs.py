@@ -3,6 +3,7 @@ technique pairs (search and cell) in the saved state, and the next machine runs 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -69,3 +70,28 @@ def test_a_cut_point_keeps_its_pairs_and_the_next_machine_runs_the_rest(mirror, 
     assert [(b / f).read_bytes() for f in pair] == kept  # not run again (provenance times)
     assert (b / "results/map/a_32/search/flash.json").exists()
     assert (b / "results/map/a_32/cells/flash/max.json").exists()
+
+
+def test_a_piece_call_runs_the_frozen_tree_and_saves_every_time(mirror, tmp_path):  # noqa: F811
+    """tools/gpu_map_piece.sh: `first` unpacks the frozen tree elsewhere with this checkout's
+    gpu_study scripts, starts, waits and saves; `next` waits and saves again; on a machine that
+    is gone (its folder missing) `next` says so and exits 4."""
+    repo = machine(tmp_path / "repo", mirror.path)
+    (repo / ".study").mkdir()
+    sha = "c0ffee1" + "0" * 33
+    files = [p.name for p in repo.iterdir() if p.name not in (".study", ".corpus")]
+    subprocess.run(["tar", "czf", f".study/frozen-{sha[:7]}.tar.gz", *files], cwd=repo, check=True)
+    piece = tmp_path / "piece"
+    env = {"PIECE_DIR": str(piece), "PIECE_GPU": "none", "MAP_COMMIT": sha,
+           "STUDY_CONFIG": "study.yaml", "PIECE_TAIL": "40"}  # fmt: skip
+    out = gpu_study(repo, "first", "1000", "300", "point:a_32$", **env, SCRIPT="gpu_map_piece.sh")
+    assert "== piece finished" in out and "FAILED" not in out, out
+    state = [n for n in names(repo) if "a_32" in n]
+    assert "results/map/a_32/cells/flash/max.json" in state
+    cell = (piece / "results/map/a_32/cells/flash/max.json").read_text()
+    assert f'"git_commit": "{sha}"' in cell  # the frozen commit, as the cells record it
+    assert "== piece finished" in gpu_study(repo, "next", "5", **env, SCRIPT="gpu_map_piece.sh")
+    shutil.rmtree(piece)
+    proc = subprocess.run(["bash", "tools/gpu_map_piece.sh", "next", "5"], cwd=repo,
+                          env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 4 and "gone: a new machine" in proc.stdout
