@@ -11,11 +11,12 @@
 # call. `next` on a machine that is gone (no $PIECE_DIR) exits 4: copy the last returned
 # state.tar.gz to .study/ and call `first` again.
 # STUDY_GPUS (default 1) is the number of GPUs, checked against nvidia-smi's (PIECE_GPU, default
-# H200, names their model; none skips the check); STUDY_CONFIG defaults to config/map.yaml.
+# H200, names their model; none skips the check); STUDY_CONFIG defaults to config/map.yaml in
+# `first`. `first` on a machine whose piece still runs exits 5 (call `next`).
 set -uo pipefail
 MAP_COMMIT=${MAP_COMMIT:-c7c8b9fbb922b393f0ba390b99b01e568913ce58}
 PIECE_DIR=${PIECE_DIR:-/tmp/frozen}
-export STUDY_GPUS=${STUDY_GPUS:-1} STUDY_CONFIG=${STUDY_CONFIG:-config/map.yaml}
+export STUDY_GPUS=${STUDY_GPUS:-1}
 
 site() {  # the carried wheels, installed once per machine
   if [ -d .whl ] && [ ! -d /tmp/site/snakemake ]; then
@@ -35,6 +36,12 @@ finish() {  # wait, then save whatever whole pairs there are
 case ${1:-} in
   first)
     deadline=${2:?usage: $0 first DEADLINE_S WAIT_S [STUDY_ONLY]} wait=${3:?WAIT_S}
+    export STUDY_CONFIG=${STUDY_CONFIG:-config/map.yaml}  # (`next`: the one `start` recorded)
+    if [ -f "$PIECE_DIR/logs/study-run.log" ] \
+      && ! grep "^== piece" "$PIECE_DIR/logs/study-run.log" | tail -1 | grep -q finished; then
+      echo "a piece still runs in $PIECE_DIR on this machine: call next"  # (not two on one GPU)
+      exit 5
+    fi
     if [ "${PIECE_GPU:-H200}" != none ]; then  # (none: a test's CPU)
       gpus=$(nvidia-smi -L 2>/dev/null | tee /dev/stderr | grep -c "${PIECE_GPU:-H200}")
       [ "$gpus" -ge "$STUDY_GPUS" ] || { echo "need $STUDY_GPUS ${PIECE_GPU:-H200} GPUs, found $gpus"; exit 3; }

@@ -158,10 +158,11 @@ def at_once(spans: dict) -> int | None:
     timestamps."""
     if not spans:
         return None
-    return max(sum(lo <= t < hi for lo, hi in spans.values()) for t, _ in spans.values())
+    return max(len({point for (point, _), (lo, hi) in spans.items() if lo <= t < hi})
+               for t, _ in spans.values())  # fmt: skip
 
 
-def time_groups(spans: dict) -> list[list[str]]:
+def time_groups(spans: dict) -> list[list[tuple]]:
     """The (point, GPU) keys of `spans` (point_spans) in groups that ran at overlapping times (a
     group ran on one machine, groups that did not overlap may have run on different machines), in
     the order they began."""
