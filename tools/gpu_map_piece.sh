@@ -3,7 +3,7 @@
 # short command: carry [".whl", ".corpus", ".study"]; from the repository root,
 #   bash tools/gpu_map_piece.sh first DEADLINE_S WAIT_S [STUDY_ONLY]   # a fresh machine
 #   bash tools/gpu_map_piece.sh next WAIT_S                           # the same machine, later
-# `first` installs the carried wheels, unpacks the frozen commit's tree (.study/frozen-SHA7.tar.gz,
+# `first` unpacks the frozen commit's tree (.study/frozen-SHA7.tar.gz,
 # from `git archive $MAP_COMMIT ':(exclude)studies'`) into $PIECE_DIR with this checkout's
 # tools/gpu_study*.sh, .whl, .corpus and .study/state.tar.gz, and starts the piece
 # (tools/gpu_study.sh start); both then wait at most WAIT_S and end with a save that keeps a cut
@@ -18,17 +18,9 @@ MAP_COMMIT=${MAP_COMMIT:-c7c8b9fbb922b393f0ba390b99b01e568913ce58}
 PIECE_DIR=${PIECE_DIR:-/tmp/frozen}
 export STUDY_GPUS=${STUDY_GPUS:-1}
 
-site() {  # the carried wheels, installed once per machine
-  if [ -d .whl ] && [ ! -d /tmp/site/snakemake ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .whl/*.whl || exit 1
-  fi
-  [ ! -d /tmp/site ] || export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site
-}
-
+# (gpu_study.sh's own setup installs the carried wheels once per machine and sets the paths)
 finish() {  # wait, then save whatever whole pairs there are
   cd "$PIECE_DIR" || exit 4
-  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PIECE_DIR/src
   bash tools/gpu_study.sh wait "$1" | grep -v input: | tail -"${PIECE_TAIL:-14}"
   STUDY_PARTIAL=pairs bash tools/gpu_study.sh save | grep -v '^total\|^d' | tail -4
 }
@@ -48,18 +40,16 @@ case ${1:-} in
     fi
     frozen=.study/frozen-${MAP_COMMIT:0:7}.tar.gz
     [ -f "$frozen" ] || { echo "no $frozen: git archive --format=tar.gz -o $frozen $MAP_COMMIT ':(exclude)studies'"; exit 1; }
-    site
     rm -rf "$PIECE_DIR" && mkdir -p "$PIECE_DIR/.study" && tar xzf "$frozen" -C "$PIECE_DIR" \
       && cp tools/gpu_study*.sh "$PIECE_DIR/tools/" && cp -r .corpus "$PIECE_DIR/" || exit 1
     [ ! -d .whl ] || cp -r .whl "$PIECE_DIR/"  # (none on a test's CPU, which has the packages)
     [ ! -f .study/state.tar.gz ] || cp .study/state.tar.gz "$PIECE_DIR/.study/"
-    (cd "$PIECE_DIR" && PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PIECE_DIR/src STUDY_ONLY=${4:-} \
-      MEMOPT_GIT_COMMIT=$MAP_COMMIT bash tools/gpu_study.sh start "$deadline") || exit 1
+    (cd "$PIECE_DIR" && STUDY_ONLY=${4:-} MEMOPT_GIT_COMMIT=$MAP_COMMIT \
+      bash tools/gpu_study.sh start "$deadline") || exit 1
     finish "$wait"
     ;;
   next)
     [ -d "$PIECE_DIR" ] || { echo "no piece here ($PIECE_DIR gone: a new machine)"; exit 4; }
-    site
     finish "${2:?usage: $0 next WAIT_S}"
     ;;
   *)
