@@ -54,10 +54,14 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     section = md.split("## 4 Results across the map")[1].split("## 5 ")[0]
     for own in ("**What fills the memory.**", "**Throughput.**", "a search proves the largest"):
         assert own in map_md and own not in section  # the map's paper keeps them, linked: not
-    for name in ("map_tokens_by_length", "map_tokens_by_size"):
-        assert f"](../{linked.name}/map/paper/figures/{name}.png)" in md.replace(
-            str(linked.parent), "..")  # fmt: skip
-        assert (linked / f"map/paper/figures/{name}.pdf").exists() and f"{name}.pdf" in tex
+    for name in ("map_tokens_by_length", "map_tokens_by_size"):  # copied beside its own figures
+        assert f"](figures/{name}.png)" in md and f"{{figures/{name}.pdf}}" in tex
+        for ext in ("png", "pdf"):
+            copied, theirs = (
+                tmp_path / f"figures/{name}.{ext}",
+                linked / f"map/paper/figures/{name}.{ext}",
+            )
+            assert copied.read_bytes() == theirs.read_bytes()
     rows = {r["function"]: r for r in md_table(md, "Δ val loss")}
     limits = md.split("## 7 Limitations")[1].split("## 8 ")[0]  # no guess the map measures
     assert "hold at this point only; the map study (Results across the map) measures" in limits

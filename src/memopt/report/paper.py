@@ -29,7 +29,12 @@ from memopt.report.paper_analysis import (
 )
 from memopt.report.paper_format import config_yaml, make_environment
 from memopt.report.paper_gpus import gpus_used
-from memopt.report.paper_links import linked_figures, linked_prose, linked_studies
+from memopt.report.paper_links import (
+    copy_linked_figures,
+    linked_figures,
+    linked_prose,
+    linked_studies,
+)
 from memopt.report.paper_literature import citations
 from memopt.report.paper_mechanisms import mechanisms
 from memopt.report.paper_prose import render_prose
@@ -386,11 +391,12 @@ def render_paper(
         (out_tex, f"{name}.tex.j2", True, "pdf"),
     ):
         figures = figure_paths(figures_dir, out, ext, names)
-        figures |= linked_figures(context.get("linked", {}), out, ext)
+        figures |= linked_figures(context.get("linked", {}), figures_dir, out, ext)
         env = make_environment(Path(templates_dir), latex)
         env.filters["table"] = tables.latex if latex else tables.markdown
         text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
         texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text,
                                                    "linked_prose": linked["tex" if latex else "md"]})  # fmt: skip
+    copy_linked_figures(context.get("linked", {}), figures_dir)
     for out, text in texts.items():
         write_text(out, text)

@@ -2,11 +2,13 @@
 `paper.map`, `paper.quality`: a study folder with its config.yaml, results/, data/ and paper/):
 the map's abstract and findings, rendered by the map paper's own templates from its results, with
 its figures; the quality study's verdicts, computed from its quality runs as its own paper does.
-Nothing is copied: the numbers come from the linked study's files when this paper renders."""
+The numbers come from the linked study's files when this paper renders; the map's two figures are
+copied into this paper's figures folder, so that the paper renders the same wherever it is."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -126,16 +128,31 @@ def linked_studies(config: dict, templates: Path, render) -> dict:
     return out
 
 
-def linked_figures(linked: dict, out: Path, ext: str) -> dict[str, str]:
-    """The linked map's figures as .ext files, relative to the paper file `out`."""
+def linked_figures(linked: dict, figures_dir: Path, out: Path, ext: str) -> dict[str, str]:
+    """The linked map's figures as .ext files in this paper's own `figures_dir` (where
+    copy_linked_figures puts them), relative to the paper file `out`: the paper reads the same
+    wherever it is rendered, and its folder holds every figure it shows."""
     if "map" not in linked:
         return {}
-    paths = {n: linked["map"]["figures_dir"] / f"{n}.{ext}" for n in MAP_FIGURES}
-    missing = [str(p) for p in paths.values() if not p.exists()]
+    missing = [str(p) for p in _map_figures(linked, ext).values() if not p.exists()]
     if missing:
         raise MemoptError(f"paper.map: figure not found: {', '.join(missing)} (render that "
                           "study's paper first)")  # fmt: skip
-    return {n: Path(os.path.relpath(p, Path(out).parent)).as_posix() for n, p in paths.items()}
+    return {n: Path(os.path.relpath(Path(figures_dir) / f"{n}.{ext}", Path(out).parent)).as_posix()
+            for n in MAP_FIGURES}  # fmt: skip
+
+
+def copy_linked_figures(linked: dict, figures_dir: Path) -> None:
+    """Copy the linked map's figures (.png and .pdf) into `figures_dir`."""
+    for ext in ("png", "pdf"):
+        for name, path in _map_figures(linked, ext).items():
+            shutil.copyfile(path, Path(figures_dir) / f"{name}.{ext}")
+
+
+def _map_figures(linked: dict, ext: str) -> dict[str, Path]:
+    if "map" not in linked:
+        return {}
+    return {n: linked["map"]["figures_dir"] / f"{n}.{ext}" for n in MAP_FIGURES}
 
 
 def linked_prose(linked: dict, context: dict, templates: Path, render) -> dict[str, dict]:
