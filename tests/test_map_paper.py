@@ -221,7 +221,8 @@ def test_cells_that_retried_cudamalloc_are_marked_and_counted(rendered):
     # budgets 100 MiB apart at gpt2_s_32 (1.56 of flash's 64-MiB sequences there) and 150 MiB
     # at llama_s_64 (1.17 of its 128-MiB ones): the worst case counts sequences, not MiB
     assert "79,378 to 79,528 MiB here)" in limits
-    assert "The budgets of one point's searches differ by up to 150 MiB. The widest, counted in " \
+    assert "The budgets of one point's searches differ by up to 150 MiB, and one technique's " \
+           "by up to 150 MiB over the points and GPUs. The widest, counted in " \
            "`flash`'s sequences, is at `gpt2_s_32`: 100 MiB, 1.56 of a 64-MiB sequence, so there " \
            "the budget alone can put two maxima up to 2 sequences apart." in limits  # fmt: skip
 

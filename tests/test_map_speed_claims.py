@@ -75,7 +75,7 @@ def test_the_paper_names_the_widest_interval_and_the_flop_rate(base, tmp_path): 
     edit(root, "gpt2_s_32", "flash", "cell", lambda d: d.update(step_time_ms={"rel_ci95": 0.054}))
     md = render(root)
     abstract = md.split("## Abstract")[1].split("## 1")[0]
-    assert "`flash`'s tokens/s (95% intervals up to 5.4% of a cell's mean, at `gpt2_s_32`;" \
+    assert "`flash`'s tokens/s (95% intervals up to 5.4% of a cell's mean, `flash`'s at `gpt2_s_32`;" \
         in abstract  # fmt: skip
     assert "and counting them it ran at 5.33× that rate." in abstract
     assert "near the" not in abstract
@@ -213,6 +213,35 @@ def test_the_paper_gives_the_retried_step_spread_and_table_4_caption_its_marks(b
     speed = md.split("**Speed at")[1].split("\n\n")[0]
     assert "Within one cell that retried, the slowest timed step took up to 1.50× the fastest " \
            "(`offload` at `llama_m_32`), so where a cell retried, how its steps fell between the " \
-           "slow path and the fast one could alone move its mean by up to that much; every " \
-           "faster-or-slower verdict below comes from two cells that did not retry." in speed  # fmt: skip
+           "slow path and the fast one could alone move its mean by up to that much (the " \
+           "threshold where a cell retried is at least that); every faster-or-slower verdict " \
+           "below comes from two cells that did not retry." in speed  # fmt: skip
     assert "-: the search tried fewer than two batches" not in md  # every search drew a line
+    # a retried cell whose steps spread further than 1.5: the threshold rises to its spread, so
+    # retries alone cannot pass it
+    edit(root, "llama_m_32", "offload", "cell",
+         lambda d: d.update(step_times_ms=[100.0] * 8 + [161.2] * 3))  # fmt: skip
+    md = render(root)
+    assert (
+        json.loads((root / "results/map_findings.json").read_text())["speed_clear_retried"] == 1.62
+    )
+    speed = md.split("**Speed at")[1].split("\n\n")[0]
+    assert "and 1.62× or 0.62× where either cell retried (1.50×, raised to the largest ratio of " \
+           "a retried cell's slowest timed step to its fastest, below)" in speed  # fmt: skip
+    assert "slowest timed step took up to 1.61× the fastest" in speed
+
+
+def test_own_maximum_ratios_inside_the_thresholds_are_not_called_slower_or_faster(base, tmp_path):  # noqa: F811
+    root = copy(base, tmp_path)
+    cell = root / "results/map/gpt2_s_32/cells/flash/max.json"
+    flash = json.loads(cell.read_text())["tokens_per_s"]  # offload 1.1x flash there: no verdict
+    edit(root, "gpt2_s_32", "offload", "cell", lambda d: d.update(tokens_per_s=flash * 1.1))
+    md = render(root)
+    abstract = md.split("## Abstract")[1].split("## 1")[0]
+    assert ", not clearly slower or faster at every point by the map's speed rule (Findings);" \
+        in abstract and "above `flash`'s at every point" not in abstract  # fmt: skip
+    findings = md.split("## 4 Findings")[1].split("## 5")[0]
+    assert "(by the speed rule below, `offload` not clearly slower or faster at every point)" \
+        in findings  # fmt: skip
+    assert "(each at its own maximum; not clearly slower or faster at every point by the speed " \
+           "rule)" in md.split("Conclusion")[-1]  # fmt: skip

@@ -54,6 +54,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     section = md.split("## 4 Results across the map")[1].split("## 5 ")[0]
     for own in ("**What fills the memory.**", "**Throughput.**", "a search proves the largest"):
         assert own in map_md and own not in section  # the map's paper keeps them, linked: not
+    assert "The proven maximum tokens per step on NVIDIA H100 80GB HBM3 against the sequence" in md
     for name in ("map_tokens_by_length", "map_tokens_by_size"):  # copied beside its own figures
         assert f"](figures/{name}.png)" in md and f"{{figures/{name}.pdf}}" in tex
         for ext in ("png", "pdf"):
@@ -132,7 +133,8 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
     assert "Its reference is `flash`, not this study's `baseline`; its `fp32` is this study's " \
            "`baseline` (the same knobs); its models differ from this study's in d_ff, 128 (here " \
            "256); dropout, 0.0 (here 0.1), so no point of the map repeats this study's " \
-           "measurements." in bridge  # fmt: skip
+           "measurements; its searches and timing differ from this study's in search.max_batch, " \
+           "unset (here 1024); measure.warmup_steps, 3 (here 2)." in bridge  # fmt: skip
     assert r"its \texttt{fp32} is this study's \texttt{baseline}" in tex
     assert "It ran on" not in bridge  # the map's GPU is this study's: nothing to say
     from memopt.report.paper import _render
@@ -150,7 +152,12 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
                               "baseline": "ckpt", "model": CONFIG["model"]})  # fmt: skip
     found = _bridge(CONFIG, theirs)
     assert found == {"same": [{"map": "ckpt", "here": "flash_gradcp"}],
-                     "differs": [{"name": "local128", "knobs": ["window"]}], "model": []}  # fmt: skip
+                     "differs": [{"name": "local128", "knobs": ["window"]}], "model": [],
+                     "settings": found["settings"]}  # fmt: skip
+    assert found["settings"] == [
+        {"key": "search.max_batch", "map": None, "here": 1024},
+        {"key": "measure.warmup_steps", "map": 3, "here": 2},
+    ]
 
 
 def test_a_map_from_another_gpu_is_said_where_the_paper_speaks_of_one(paper_study, tmp_path):

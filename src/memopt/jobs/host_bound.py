@@ -11,7 +11,20 @@ from memopt.runtime.offload import charged_bytes
 
 def host_bound(trials: list, g: int, budget: int, cap: int, fits: dict, chunk=None) -> int | None:
     """The largest k (batches of k * g) whose offloaded tensors stay within the host's pinned
-    budget, each charged as memopt.runtime.offload pins it (pieces, the last rounded up to a
+    budget (pinned_charge's bytes); None before a fit."""
+    charged = pinned_charge(trials, g, chunk)
+    if charged is None:
+        return None
+    lo, hi = 0, cap // g + 1  # charged(lo) fits, charged(hi) does not (or past the cap)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if charged(mid) <= budget else (lo, mid)
+    return lo
+
+
+def pinned_charge(trials: list, g: int, chunk=None):
+    """charged(k): the pinned host bytes a batch of k * g sequences would take, its offloaded
+    tensors each charged as memopt.runtime.offload pins it (pieces, the last rounded up to a
     power of two: a staircase no line follows). From the largest fitting trial's tensors,
     compared with a smaller fit's (at most half as large where there is one): a size both hold
     as often is fixed; a size both hold, more often in the larger, comes more often with the
@@ -52,11 +65,7 @@ def host_bound(trials: list, g: int, budget: int, cap: int, fits: dict, chunk=No
                 )
         return total
 
-    lo, hi = 0, cap // g + 1  # charged(lo) fits, charged(hi) does not (or past the cap)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if charged(mid) <= budget else (lo, mid)
-    return lo
+    return charged
 
 
 def chunk_streams(held: dict, before: dict, batch: int, chunk) -> dict:

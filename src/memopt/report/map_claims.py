@@ -79,17 +79,20 @@ def slope_ratios(rows: list[dict], technique: str, reference: str) -> list[dict]
     return [{"model": m, "min": min(v), "max": max(v)} for m, v in out.items()]
 
 
-def pinned_for(search: dict | None, batch: int) -> float | None:
-    """The pinned host memory (MiB) a batch would take, on the line through the search's two
-    largest batches that fit with pinned memory measured, where its GPU line (fit_sequences)
-    still allows that batch; None otherwise. An extrapolation past the proven maximum."""
-    trials = sorted((t["batch"], t["host_pinned_mib"]) for t in (search or {}).get("trials", [])
-                    if t.get("fits") and t.get("host_pinned_mib"))  # fmt: skip
-    gpu = fit_sequences(search)
-    if len(trials) < 2 or gpu is None or gpu < batch:
+def pinned_for(search: dict | None, batch: int, seq_len: int) -> float | None:
+    """The pinned host memory (MiB) a batch would take, charged as the search charges it
+    (memopt.jobs.host_bound.pinned_charge, from the tensors its fitting trials offloaded), where
+    its GPU line (fit_sequences) still allows that batch; None otherwise. A prediction past the
+    proven maximum."""
+    from memopt.jobs.host_bound import pinned_charge
+
+    spec, gpu = (search or {}).get("spec") or {}, fit_sequences(search)
+    chunk = (seq_len, spec["loss_chunk"]) if spec.get("loss") == "chunked" else None
+    g = search.get("granularity") or 1 if search else 1
+    charged = pinned_charge(search["trials"], g, chunk) if search else None
+    if charged is None or gpu is None or gpu < batch:
         return None
-    (b0, p0), (b1, p1) = trials[-2:]
-    return p1 + (batch - b1) * (p1 - p0) / (b1 - b0)
+    return charged(-(-batch // g)) / 2**20
 
 
 def host_rivals(rows: list[dict], best: list[dict], by_cell: dict | None = None) -> list[dict]:
@@ -112,7 +115,7 @@ def host_rivals(rows: list[dict], best: list[dict], by_cell: dict | None = None)
                     e["points"].append(b["point"])
                     e["ratios"].append(w["per_token_mib"] / r["per_token_mib"])
                     search = (by_cell or {}).get((b["point"], r["technique"]))
-                    e["pinned"].append(pinned_for(search, w["max_batch"] + 1))
+                    e["pinned"].append(pinned_for(search, w["max_batch"] + 1, r["seq_len"]))
     return [{"technique": e["technique"], "points": list(dict.fromkeys(e["points"])),
              "ratio_min": min(e["ratios"]), "ratio_max": max(e["ratios"]),
              "pinned_gib": {"min": min(e["pinned"]) / 1024, "max": max(e["pinned"]) / 1024}

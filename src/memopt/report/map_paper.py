@@ -227,7 +227,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "fits": {"n": len(fits), "two": sum(len(f.get("batches") or []) == 2 for f in fits)},
         "flex_alone": {t: any(u != t and v.get("attention") == s.get("attention") and not v.get("window")
                               for u, v in specs.items()) for t, s in specs.items() if s.get("window")},
-        "speed_clear_retried": findings.get("speed_clear_retried"), "slope_same": SLOPE_SAME,
+        "speed_clear_retried": findings.get("speed_clear_retried"),
+        "speed_clear_retried_set": findings.get("speed_clear_retried_set"), "slope_same": SLOPE_SAME,
         "repeats": repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results",
                                  findings["speed_clear"], findings["speed_clear_retried"])
         if repeats_dir and findings.get("speed_clear") else None,

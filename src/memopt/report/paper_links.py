@@ -36,15 +36,17 @@ def _study(root: Path, key: str, needs: tuple[str, ...]) -> dict:
 def _bridge(config: dict, theirs: dict) -> dict:
     """How the map's setting meets this study's: its techniques that are this study's under
     another name (the same knobs, every default filled), those named as one of this study's
-    but with other knobs (and which), and the model keys its points share that differ from this
-    study's model."""
+    but with other knobs (and which), the model keys its points share that differ from this
+    study's model, and the search and measure settings that differ."""
     from memopt.config import full_spec, validate_config
 
     # every default filled on both sides, each technique and the model checked alone
     ours = {t: full_spec(k) for t, k in config["techniques"].items()}
     mapped = {t: full_spec(k) for t, k in theirs["techniques"].items()}
-    alone = {"model": config["model"], "techniques": {"t": {}}, "baseline": "t"}
-    here = validate_config(alone)["model"]
+    alone = {"model": config["model"], "techniques": {"t": {}}, "baseline": "t",
+             **{sec: config[sec] for sec in ("search", "measure") if config.get(sec)}}  # fmt: skip
+    mine = validate_config(alone)
+    here = mine["model"]
     same = [{"map": m, "here": h} for m, spec in mapped.items()
             for h, mine in ours.items() if mine == spec and m != h]  # fmt: skip
     differs = [{"name": m, "knobs": sorted(k for k in spec.keys() | ours[m].keys()
@@ -52,7 +54,11 @@ def _bridge(config: dict, theirs: dict) -> dict:
                for m, spec in mapped.items() if m in ours and ours[m] != spec]  # fmt: skip
     model = [{"key": k, "map": v, "here": here.get(k)}
              for k, v in theirs["model"].items() if k != "seq_len" and here.get(k) != v]  # fmt: skip
-    return {"same": same, "differs": differs, "model": model}
+    # the search's and the timing's settings (every default filled on both sides)
+    settings = [{"key": f"{sec}.{k}", "map": theirs[sec].get(k), "here": mine[sec].get(k)}
+                for sec in ("search", "measure") for k in sorted(theirs[sec].keys() | mine[sec].keys())
+                if theirs[sec].get(k) != mine[sec].get(k)]  # fmt: skip
+    return {"same": same, "differs": differs, "model": model, "settings": settings}
 
 
 def _map(root: Path, templates: Path, render, config: dict) -> dict:
