@@ -146,6 +146,13 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
                     {"linked": {"map": lm}, "baseline": "b", "device": {"name": "NVIDIA H200"}})  # fmt: skip
     assert other.strip().endswith("It ran on NVIDIA H100 80GB HBM3, not this study's NVIDIA H200: "
                                   "its maxima and speeds are that GPU's.")  # fmt: skip
+    # a setting this study leaves unset is named by what it then means
+    lm["settings"] = [{"key": "search.host_pinned_gib", "map": 60, "here": None}]
+    other = _render(make_environment(TEMPLATES, False), "_linked_map.md.j2",
+                    {"linked": {"map": lm}, "baseline": "b", "device": {"name": "NVIDIA H200"},
+                     "config": {"search": {"host_pinned_gib": None}}})  # fmt: skip
+    assert "its searches and timing differ from this study's in search.host_pinned_gib, 60 (here " \
+           "half the host's memory over its GPUs)." in other  # fmt: skip
     # one named as this study's with other knobs; one the same under another name
     theirs = validate_config({"techniques": {"local128": {**TECHNIQUES["local128"], "window": 16},
                                              "ckpt": TECHNIQUES["flash_gradcp"]},
