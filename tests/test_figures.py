@@ -201,6 +201,13 @@ def test_throughput_bars_carry_their_interval_and_memory_bars_none():
     assert (low, high) == pytest.approx((2850.0, 3150.0))  # 3,000 ± 5%
     memory = _bar_figure(summary, "peak_allocated_mib", "MiB", "m")
     assert not [c for c in memory.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    # issue 37, no repeats: a max entry that is the same run as `same` (measured_as) is not a
+    # second bar, only marked
+    copy = {**summary.iloc[0].to_dict(), "batch_entry": "max", "measured_as": "same"}
+    both = pd.concat([summary.assign(measured_as=None), pd.DataFrame([copy])], ignore_index=True)
+    twice = _bar_figure(both, "peak_allocated_mib", "MiB", "m")
+    assert len(twice.axes[0].patches) == len(memory.axes[0].patches) == 3
+    assert "= same" in [t.get_text() for t in twice.axes[0].texts]
 
 
 def _max_rows(batches: dict):

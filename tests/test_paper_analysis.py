@@ -1,6 +1,8 @@
 """The paper's conclusions (memopt.report.paper_analysis): HFU from the recomputation the knobs imply, and
 the recommendation table, whose winners must follow from the data."""
 
+import json
+
 import pytest
 from synthetic_study import md_table, render
 
@@ -290,3 +292,25 @@ def test_the_logits_index_limit_is_named_where_a_compiled_cell_passes_it():
     assert logits_step(within, 1024, 32000, []) == []
     uncompiled = [cell("flash", "same", 50, 130.0), cell("flash", "max", 117, 290.0)]
     assert logits_step(uncompiled, 1024, 32000, []) == []
+
+
+def test_the_sweep_across_the_index_limit_is_read_from_its_cells(tmp_path):
+    """The sweep (paper_analysis.SWEEP): `compiled` (the sweep's flash_compile) at the last batch
+    within the limit and the first past it, and `flash`'s nearest cells either side, from the
+    committed cells; a folder without them gives None."""
+    from memopt.report.paper_analysis import SWEEP, sweep_step
+
+    step = sweep_step(65)
+    assert (step["below"]["batch"], step["above"]["batch"]) == (65, 66)
+    assert step["change"] == pytest.approx(452284.1154 / 526649.9893 - 1)  # -14.1%
+    assert step["gpu"] == "NVIDIA H200" and step["gpu_uuid"].startswith("6226fa31")
+    assert (step["flash"]["below"]["batch"], step["flash"]["above"]["batch"]) == (64, 80)
+    assert step["flash"]["change"] == pytest.approx(0.0220, abs=1e-4)  # no step of its own
+    assert sweep_step(65, tmp_path) is None  # (no sweep there)
+    (tmp_path / SWEEP).mkdir(parents=True)
+    for b, tps in ((60, 500.0), (70, 400.0)):
+        cell = {"technique": "flash_compile", "batch_size": b, "status": "ok", "tokens_per_s": tps,
+                "provenance": {"gpu": "G", "gpu_uuid": "u", "git_commit": "c" * 40}}  # fmt: skip
+        (tmp_path / SWEEP / f"cell_{b}.json").write_text(json.dumps(cell))
+    got = sweep_step(65, tmp_path)
+    assert got["change"] == pytest.approx(-0.2) and got["flash"] is None

@@ -56,8 +56,9 @@ from memopt.report.results import (
 def _bar_figure(
     summary, column: str, ylabel: str, title: str, rel_err: str | None = None
 ) -> Figure:
-    """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column;
-    with `rel_err` (a relative 95% interval column), its error bar on each measured bar."""
+    """Grouped bars: one group per technique, one bar per batch entry, oom as a hatched column,
+    an entry measured as another ("= same": the same batch, one run) not drawn again; with
+    `rel_err` (a relative 95% interval column), its error bar on each measured bar."""
     techniques = list(dict.fromkeys(summary["technique"]))
     entries = sorted(dict.fromkeys(summary["batch_entry"]), key=entry_sort_key)
     colors, hatches = technique_colors(summary), entry_hatches(entries)
@@ -74,6 +75,11 @@ def _bar_figure(
             row = rows.iloc[0]
             x = i + (j - (len(entries) - 1) / 2) * width
             batch = "" if row["batch_size"] != row["batch_size"] else f"b={int(row['batch_size'])}"
+            copy = row.get("measured_as")
+            if isinstance(copy, str) and copy:  # the same run as another entry's: drawn once
+                ax.text(x, 0.01 * ymax, f"= {copy}", ha="center", va="bottom", fontsize=6.5,
+                        rotation=90)  # fmt: skip
+                continue
             if row["status"] != "ok":
                 label = f"{unmeasured(row['status'])} {batch}".strip()
                 mark_unmeasured(ax, x, width, label, colors[technique])

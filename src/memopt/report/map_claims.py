@@ -191,7 +191,7 @@ def own_max_speeds(
     differ): [{technique, min, max, under (below 1 at every point timed), below (at every point
     at most 1 / clear[0], or 1 / clear[1] where either cell retried cudaMalloc: the same-batch
     speed rule, as a cell's retries move its mean however the batches compare), above (at least
-    that far above 1 everywhere), ends (the pairs behind min and max: {point, retried, one_more:
+    that far above 1 everywhere), slower and faster (at how many points the rule says so), ends (the pairs behind min and max: {point, retried, one_more:
     the technique's maximum one sequence above the reference's}), n, rate, wide}]. rate: {min, max} of that ratio over the
     technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
     recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
@@ -218,6 +218,7 @@ def own_max_speeds(
                         "under": all(v < 1 for v in ratios),
                         "ends": [ends[ratios.index(min(ratios))], ends[ratios.index(max(ratios))]],
                         "below": all(v == "slower" for v in said), "above": all(v == "faster" for v in said),
+                        "slower": said.count("slower"), "faster": said.count("faster"),
                         "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
                         "wide": interval_misses(behind, target) if target is not None else None})  # fmt: skip
     return out

@@ -6,6 +6,9 @@ Torch-free; every number comes from the cells, the searches and the quality runs
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from memopt.fileio import read_json
 from memopt.report.paper_reference import ratio
 from memopt.report.results import (
     LATER_SPEC_KEYS,
@@ -326,6 +329,36 @@ def batch_change(same: dict, big: dict) -> dict[str, float]:
             "median": median[1] / median[0] - 1}  # fmt: skip
 
 
+def sweep_step(last: int, root: Path | None = None) -> dict | None:
+    """The sweep's (SWEEP, in the repository) `compiled` cells at the last batch within the
+    limit and the first past it, with the GPU and commit they ran on, and its `flash` cells
+    nearest either side (a step of its own, or none): {below, above (each: batch, tokens_per_s),
+    change, gpu, gpu_uuid, commit, flash: {below, above, change} or None}; None without the sweep."""
+    folder = (root or Path(__file__).resolve().parents[3]) / SWEEP
+    runs = {}
+    for f in folder.glob("cell_*.json"):
+        c = read_json(f)
+        if c.get("status") == "ok":
+            runs.setdefault(c["technique"], {})[c["batch_size"]] = c
+
+    def pair(technique):
+        by = runs.get(technique, {})
+        below = max((b for b in by if b <= last), default=None)
+        above = min((b for b in by if b > last), default=None)
+        if below is None or above is None:
+            return None
+        b, a = by[below], by[above]
+        return {"below": {"batch": below, "tokens_per_s": b["tokens_per_s"]},
+                "above": {"batch": above, "tokens_per_s": a["tokens_per_s"]},
+                "change": a["tokens_per_s"] / b["tokens_per_s"] - 1,
+                "gpu": (a.get("provenance") or {}).get("gpu"),
+                "gpu_uuid": (a.get("provenance") or {}).get("gpu_uuid"),
+                "commit": (a.get("provenance") or {}).get("git_commit")}  # fmt: skip
+
+    compiled = pair("flash_compile")
+    return {**compiled, "flash": pair("flash")} if compiled else None
+
+
 def logits_step(cells: list[dict], seq_len: int, vocab: int, increments: list[dict]) -> list[dict]:
     """Compiled techniques whose `max` cell's logits (batch x seq_len x vocab elements) pass 2^31
     elements (`both_past`: the `same` cell's too): the change between its two cells by the mean
@@ -350,6 +383,7 @@ def logits_step(cells: list[dict], seq_len: int, vocab: int, increments: list[di
         twin = next((r["over"] for r in increments
                      if r["technique"] == technique and r["knob"] == "compile"), None)  # fmt: skip
         out.append({"technique": technique, "last_within": last, **step, "limit": "2³¹", "sweep": SWEEP,
+                    "swept": sweep_step(last),
                     "both_past": step["same_batch"] > last,
                     "twin": twin, "twin_step": change(twin) if twin else None})  # fmt: skip
     return out
