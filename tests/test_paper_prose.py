@@ -159,6 +159,11 @@ def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):
     (gain,) = gains(0.01)
     assert gain["mean"] == pytest.approx(0.2) and gain["median"] == pytest.approx(0.2)
     assert gains(0.1) == []
+    # the others' changes are given as they are (their range), not as "none gains more than"
+    speed = _flash_at_max(context, 1.2, 1.2, 0.01)
+    others = speed["others"]
+    assert others["n"] == speed["n"] - len(speed["gainers"])
+    assert others["hi_mean"] < 0.2 and others["lo_mean"] >= speed["lo_mean"]
 
 
 def test_a_gain_by_the_median_alone_is_not_named(context):

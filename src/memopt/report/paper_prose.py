@@ -93,19 +93,21 @@ def _batch_speed(cells: list[dict]) -> dict | None:
     ]
     if not changes:
         return None
+    gain = [
+        min(r.values()) >= GAIN and not within_noise(c, same[c["technique"]]) for c, r in changes
+    ]
+    rest = [r for (_, r), g in zip(changes, gain) if not g]
+
+    def span(rs):  # lo and hi, by the mean step and by the median
+        return {f"{k}_{m}": f(r[m] for r in rs) for m in ("mean", "median")
+                for k, f in (("lo", min), ("hi", max))}  # fmt: skip
+
     return {
-        **{
-            f"{k}_{m}": f(r[m] for _, r in changes)
-            for m in ("mean", "median")
-            for k, f in (("lo", min), ("hi", max))
-        },  # fmt: skip
+        **span([r for _, r in changes]),
         "n": len(changes),
         "threshold": GAIN,
-        "gainers": [
-            {"technique": c["technique"], **r}
-            for c, r in changes
-            if min(r.values()) >= GAIN and not within_noise(c, same[c["technique"]])
-        ],
+        "gainers": [{"technique": c["technique"], **r} for (c, r), g in zip(changes, gain) if g],
+        "others": {**span(rest), "n": len(rest)} if rest else None,
     }
 
 
