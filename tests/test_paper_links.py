@@ -46,7 +46,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
                             {"map": str(linked / "map"), "quality": str(linked / "quality")})  # fmt: skip
     heads = [line for line in md.splitlines() if line.startswith("## ")]
     assert heads[3:9] == ["## 3 Results at the default point", "## 4 Results across the map",
-                          "## 5 Quality with statistical power", "## 6 Discussion",
+                          "## 5 Quality: paired verdicts and what they can detect", "## 6 Discussion",
                           "## 7 Limitations", "## 8 Conclusion"]  # fmt: skip
     map_md = (linked / "map/paper/paper.md").read_text()
     findings = map_md.split("## 4 Findings")[1].split("## 5 Limitations")[0].strip()
@@ -69,7 +69,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     assert "not measured here" not in limits and "quadratically" not in md
     # the map ran on this study's GPU model: not excepted (the synthetic quality runs name
     # theirs "H100", another name, so that section is)
-    assert "Every number but those of Quality with statistical power (H100) comes from one GPU " \
+    assert "Every number but those of Quality: paired verdicts and what they can detect (H100) comes from one GPU " \
            "model, NVIDIA H100 80GB HBM3:" in limits  # fmt: skip
     conclusion = md.split("## 8 Conclusion")[1]  # its answer scoped to this point
     assert (
@@ -96,7 +96,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     assert "`bf16_w128` is worse by 0.205 nats" in md.split("## 5 Quality")[1]
     assert (
         r"\section{Results across the map}" in tex
-        and r"\section{Quality with statistical power}" in tex
+        and r"\section{Quality: paired verdicts and what they can detect}" in tex
     )
     # the main text's room (12 pages): with the map linked, the throughput and maximum-batch
     # figures (Tables 1 and 2 have their numbers) and, with the quality study, this study's own

@@ -121,7 +121,7 @@ def _sections(study: Path) -> list[str]:
     links = _links(study)
     results = ["Results at the default point" if links else "Results"]
     results += ["Results across the map"] * ("map" in links)
-    results += ["Quality with statistical power"] * ("quality" in links)
+    results += ["Quality: paired verdicts and what they can detect"] * ("quality" in links)
     return ["Introduction", "Method", *results, "Discussion", "Limitations", "Conclusion"]
 
 

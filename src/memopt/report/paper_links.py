@@ -111,7 +111,8 @@ def _quality(root: Path) -> dict:
         f"the quality study ({root.as_posix()}): each function's paired difference of validation "
         f"loss from `{q['reference_function']}` (nats, mean [95% interval] over "
         f"{config['quality']['seeds']} seeds of {num(tokens, 0)} tokens each), its minimum "
-        f"detectable difference and its verdict against ±{num(q['margin'], 3)}."
+        f"detectable difference and its verdict against ±{num(q['margin'], 3)}; techniques as that "
+        "study's config names them."
     )
     table = Table(["function", "techniques", "Δ val loss", "MDD", "verdict"], "llrrl", body,
                   caption, None, "linked-quality")  # fmt: skip
