@@ -266,6 +266,13 @@ def test_the_windows_figure_draws_paired_differences_with_their_interval_and_the
     band = [p for p in ax.patches if p.get_y() == pytest.approx(-0.02)]
     assert band and band[0].get_height() == pytest.approx(0.04)
     assert not [p for p in ax.patches if p.get_width() == pytest.approx(0.7)]  # no bars
+    # tokens/s has its mean step time's interval: whiskers on its bars; peak memory none
+    paired["step_time_ms_rel_ci95"] = 0.05
+    speed, memory = windows_figure(paired, margin=0.02).axes[:2]
+    bars = [c for c in speed.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2
+    assert bars[0].lines[2][0].get_segments()[0][:, 1] == pytest.approx((950.0, 1050.0))
+    assert not [c for c in memory.containers if isinstance(c, ErrorbarContainer)]
 
 
 def test_speed_against_memory_and_batch_carries_the_speed_interval():
