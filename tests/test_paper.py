@@ -29,7 +29,6 @@ TABLE_NUMBERS = {
     "batch": ("batch_size", 0),
     "peak allocated (MiB)": ("peak_allocated_mib", 0),
     "peak reserved (MiB)": ("peak_reserved_mib", 0),
-    "tokens/s": ("tokens_per_s", 0),
     "timed steps": ("timed_steps", 0),
 }
 
@@ -52,6 +51,9 @@ def test_results_table_matches_summary(study):
         median, lo, hi = (
             expected[f"step_time_ms_{s}"] for s in ("median", "median_lo", "median_hi")
         )
+        # tokens/s from the mean step, ± that mean's relative 95% interval (the noise rule's)
+        rel = expected["step_time_ms_rel_ci95"]
+        assert row["tokens/s"] == f"{expected['tokens_per_s']:,.0f} ±{100 * rel:.1f}%", row
         mark = " †" if isinstance(expected["unstable"], str) else ""
         assert row["median step (ms)"] == f"{median:,.1f} [{lo:,.1f}–{hi:,.1f}]{mark}"
         assert bool(mark) == ((row["technique"], row["entry"]) == ("local128", "max"))

@@ -63,7 +63,7 @@ def results_table(ctx: dict) -> Table:
         f"table); the cell timed steps until the 95% interval of their mean was within "
         f"{pct(cfg['target_rel_ci'], 1)} of it, or {cfg['max_timed_steps']} steps{limit};\n"
         "tokens/s is the batch's tokens over the mean step time (what the whole timed run "
-        "delivered);\nMFU counts model FLOPs (useful work), HFU also the forward passes that "
+        "delivered), ± the 95% interval of that mean (the within-noise rule's);\nMFU counts model FLOPs (useful work), HFU also the forward passes that "
         "checkpointing and a recomputed loss run again (n/a where MFU is, or where the compiler "
         f"chooses what to recompute);\n{retries}"
     )
@@ -82,7 +82,8 @@ def results_table(ctx: dict) -> Table:
             retried = c.get("allocator_alloc_retries")
             row += ["ok", num(c["peak_allocated_mib"], 0), num(c["peak_reserved_mib"], 0),
                     median + (" †" if c.get("unstable") else ""), num(c["timed_steps"], 0),
-                    num(c["tokens_per_s"], 0), pct(c.get("mfu"), 1), pct(c.get("hfu"), 1),
+                    num(c["tokens_per_s"], 0) + _plus_minus(c.get("step_time_ms_rel_ci95")),
+                    pct(c.get("mfu"), 1), pct(c.get("hfu"), 1),
                     "n/a" if retried is None else num(retried + (c.get("allocator_ooms") or 0), 0)]  # fmt: skip
         elif c["status"] == "diverged":
             step = num(c["diverged_step"], 0)
@@ -297,3 +298,8 @@ def build(ctx: dict) -> dict[str, Table | None]:
         "stages": stages_table, "positions": positions_table,
     }  # fmt: skip
     return {name: make(ctx) if has.get(name, True) else None for name, make in builders.items()}
+
+
+def _plus_minus(rel) -> str:
+    """ " ±x.x%": a cell's relative 95% interval of its mean step time ("" where none)."""
+    return "" if rel is None or rel != rel else f" ±{pct(rel, 1)}"
