@@ -24,6 +24,7 @@ from memopt.report.figures_batch import (
 )
 from memopt.report.figures_quality import loss_figure, positions_figure
 from memopt.report.figures_style import (
+    bar_whisker,
     entry_hatches,
     entry_label,
     function_colors,
@@ -88,13 +89,10 @@ def _bar_figure(
             ax.bar(
                 x, value, width, color=colors[technique], hatch=hatches[entry], edgecolor="white"
             )
-            rel = float(row[rel_err]) if rel_err and row.get(rel_err) == row.get(rel_err) else 0.0
-            if rel:  # (NaN: no interval recorded)
-                ax.errorbar(x, value, yerr=rel * value, fmt="none", ecolor="black", elinewidth=0.8,
-                            capsize=2)  # fmt: skip
+            top = bar_whisker(ax, x, value, row.get(rel_err) if rel_err else None)
             ax.text(
                 x,
-                value * (1 + rel) + 0.01 * ymax,
+                top + 0.01 * ymax,
                 f"{short_label(value)}\n{batch}",
                 ha="center",
                 va="bottom",

@@ -9,6 +9,7 @@ from matplotlib.ticker import StrMethodFormatter
 
 from memopt.knobs import KNOBS
 from memopt.report.figures_style import (
+    bar_whisker,
     entry_label,
     log_if_decades,
     main_entry,
@@ -230,18 +231,9 @@ def windows_figure(summary, margin: float = 0.02) -> Figure:
                 ax.text(i + 0.12, value, f"{value:+.3f}", ha="left", va="center", fontsize=6.5)
                 continue
             ax.bar(i, value, 0.7, color=colors[row.technique])
-            rel = (
-                getattr(row, "step_time_ms_rel_ci95", float("nan"))
-                if column == "tokens_per_s"
-                else 0
-            )
-            rel = rel if rel == rel else 0  # (NaN: no interval recorded)
-            if rel:
-                ax.errorbar(i, value, yerr=rel * value, fmt="none", ecolor="black", elinewidth=0.8,
-                            capsize=2)  # fmt: skip
-            ax.text(
-                i, value * (1 + rel), short_label(value), ha="center", va="bottom", fontsize=6.5
-            )
+            rel = getattr(row, "step_time_ms_rel_ci95", None) if column == "tokens_per_s" else None
+            top = bar_whisker(ax, i, value, rel)
+            ax.text(i, top, short_label(value), ha="center", va="bottom", fontsize=6.5)
         ax.set_xticks(range(len(group)), labels, rotation=45, ha="right", fontsize=6.5)
         ax.set_xlim(-0.6, len(group) - 0.4)
         ax.set_title(title, fontsize=8)

@@ -175,6 +175,16 @@ def render_all(
     return [path for paths in done for path in paths]
 
 
+def bar_whisker(ax, x: float, value: float, rel) -> float:
+    """A bar's 95% interval, `rel` of its `value` either side (None or NaN: none recorded, no
+    whisker); the interval's top, where the bar's label goes."""
+    rel = 0.0 if rel is None or rel != rel else float(rel)
+    if rel:
+        ax.errorbar(x, value, yerr=rel * value, fmt="none", ecolor="black", elinewidth=0.8,
+                    capsize=2)  # fmt: skip
+    return value * (1 + rel)
+
+
 def mark_unmeasured(ax, x: float, width: float, label: str, edgecolor: str) -> None:
     """A full-height hatched band with a label, in axes coordinates: no value to be misread."""
     ax.axvspan(

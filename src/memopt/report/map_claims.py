@@ -86,10 +86,11 @@ def pinned_for(search: dict | None, batch: int, seq_len: int) -> float | None:
     proven maximum."""
     from memopt.jobs.host_bound import pinned_charge
 
-    spec, gpu = (search or {}).get("spec") or {}, fit_sequences(search)
+    if not search:
+        return None
+    spec, gpu, g = search.get("spec") or {}, fit_sequences(search), search.get("granularity") or 1
     chunk = (seq_len, spec["loss_chunk"]) if spec.get("loss") == "chunked" else None
-    g = search.get("granularity") or 1 if search else 1
-    charged = pinned_charge(search["trials"], g, chunk) if search else None
+    charged = pinned_charge(search["trials"], g, chunk)
     if charged is None or gpu is None or gpu < batch:
         return None
     return charged(-(-batch // g)) / 2**20

@@ -139,14 +139,13 @@ def linked_figures(linked: dict, figures_dir: Path, out: Path, ext: str) -> dict
     """The linked map's figures as .ext files in this paper's own `figures_dir` (where
     copy_linked_figures puts them), relative to the paper file `out`: the paper reads the same
     wherever it is rendered, and its folder holds every figure it shows."""
-    if "map" not in linked:
-        return {}
-    missing = [str(p) for p in _map_figures(linked, ext).values() if not p.exists()]
+    paths = _map_figures(linked, ext)
+    missing = [str(p) for p in paths.values() if not p.exists()]
     if missing:
         raise MemoptError(f"paper.map: figure not found: {', '.join(missing)} (render that "
                           "study's paper first)")  # fmt: skip
     return {n: Path(os.path.relpath(Path(figures_dir) / f"{n}.{ext}", Path(out).parent)).as_posix()
-            for n in MAP_FIGURES}  # fmt: skip
+            for n in paths}  # fmt: skip
 
 
 def copy_linked_figures(linked: dict, figures_dir: Path) -> None:
@@ -157,6 +156,7 @@ def copy_linked_figures(linked: dict, figures_dir: Path) -> None:
 
 
 def _map_figures(linked: dict, ext: str) -> dict[str, Path]:
+    """The linked map's figures as .ext files where its paper drew them ({} without a map)."""
     if "map" not in linked:
         return {}
     return {n: linked["map"]["figures_dir"] / f"{n}.{ext}" for n in MAP_FIGURES}
