@@ -1,7 +1,8 @@
 """The published map study (issue 34), once studies/ holds it: from one commit, each point's
 searches and cells on one GPU of one model, every point and technique measured, every search
 proven in at most 8 trials (but a stated deviation, STATED) or out of memory at batch 1, its
-paper what this code renders from its results, and docs/results.md's map tables what tools/map_report.py prints from them.
+paper what this code renders from its results, and the map tables of docs/results.md and the
+README what tools/map_report.py prints from them.
 
 MAP_STUDY may name another folder (a draft published elsewhere) to run these checks on it."""
 
@@ -23,7 +24,7 @@ from memopt.map_points import map_points
 from memopt.run.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-# On an H200 (studies/h200-map-pieces: no H100 kind was lent after 8 of its 12 points)
+# On H200s (studies/h200-map: no H100 kind was lent after 8 of the map's 12 points there)
 STUDY = Path(os.environ.get("MAP_STUDY") or ROOT / "studies" / "h200-map")
 pytestmark = pytest.mark.skipif(
     not (STUDY / "results" / "map.csv").exists(), reason=f"{STUDY} is not published yet"
@@ -93,13 +94,15 @@ def test_the_paper_is_what_this_code_renders(tmp_path):
         assert (copy / "paper" / name).read_bytes() == (STUDY / "paper" / name).read_bytes(), name
 
 
-def test_results_md_map_tables_are_map_report():
-    """docs/results.md: `<!-- map: ... python tools/map_report.py STUDY -->` then the tool's
-    output, here printed again from the study."""
-    text = (ROOT / "docs" / "results.md").read_text()
-    found = re.search(r"<!-- map: [^`]*`python tools/map_report.py ([^`]+)` -->\n(.+?)\n<!-- /map -->",
-                      text, re.S)  # fmt: skip
+@pytest.mark.parametrize("doc", ["docs/results.md", "README.md"])
+def test_the_docs_map_tables_are_map_report(doc):
+    """docs/results.md and the README: `<!-- map: ... python tools/map_report.py STUDY [--tokens]
+    -->` then the tool's output, here printed again from the study."""
+    text = (ROOT / doc).read_text()
+    found = re.search(r"<!-- map: [^`]*`python tools/map_report.py (\S+)( --tokens)?` -->\n(.+?)"
+                      r"\n<!-- /map -->", text, re.S)  # fmt: skip
     assert found and (ROOT / found.group(1)).resolve() == STUDY.resolve()
-    out = subprocess.run([sys.executable, "tools/map_report.py", str(STUDY)], cwd=ROOT,
+    args = [str(STUDY)] + ["--tokens"] * bool(found.group(2))
+    out = subprocess.run([sys.executable, "tools/map_report.py", *args], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert found.group(2).strip() == out.strip()
+    assert found.group(3).strip() == out.strip()

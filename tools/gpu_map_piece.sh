@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of a map piece (studies/h200-map-pieces/README.md), so that each call is one
+# One device call of a map piece (studies/h200-map/README.md, "How the pieces ran"), so that each call is one
 # short command: carry [".whl", ".corpus", ".study"]; from the repository root,
 #   bash tools/gpu_map_piece.sh first DEADLINE_S WAIT_S [STUDY_ONLY]   # a fresh machine
 #   bash tools/gpu_map_piece.sh next WAIT_S                           # the same machine, later

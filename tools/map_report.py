@@ -3,7 +3,9 @@ config/map.yaml): per point, each technique's proven maximum in tokens per step 
 its multiple of the reference's; then its tokens/s at that maximum (r: cudaMalloc retried in the
 timed steps). Read from the study's results/map.csv and results/map_findings.json, as its paper.
 
-    python tools/map_report.py studies/h200-map
+    python tools/map_report.py studies/h200-map [--tokens]
+
+--tokens prints the first table alone (the top-level README's).
 """
 
 from __future__ import annotations
@@ -58,4 +60,5 @@ def tables(study: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n\n".join(tables(Path(sys.argv[1]))))
+    out = tables(Path(sys.argv[1]))
+    print("\n\n".join(out[:2] if "--tokens" in sys.argv[2:] else out))

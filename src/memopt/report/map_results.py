@@ -21,7 +21,7 @@ PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
 # such cells by up to 19% with their retry counts, and repeats on one H100 moved one by 14%
 # (studies/h100-map-pieces/README.md), more than any cell's own interval: 1.25 where neither
 # cell retried, 1.5 where one did (two such draws of up to a fifth each: 1.2 / 0.8). On one H200
-# three such cells moved by at most 3.4% over three repeats (studies/h200-map-pieces/README.md);
+# three such cells moved by at most 3.4% over three repeats (studies/h200-map/README.md);
 # a published map's paper reads its own repeats against these (memopt.report.map_repeats).
 SPEED_CLEAR = 1.25
 SPEED_CLEAR_RETRIED = 1.5
