@@ -397,7 +397,8 @@ def test_findings_and_abstract_say_what_the_results_compute(rendered):
            "`flash`. At their own maxima, `offload` ran at 4.00× `flash`'s tokens/s (one cell or " \
            "both retried cudaMalloc in their timed steps at 2 of the 6 points: see Limitations), " \
            "above `flash`'s at every point; its recomputed forward passes alone would give 0.75× at " \
-           "`flash`'s FLOP rate, and counting them it ran at 5.33× that rate." in abstract  # fmt: skip
+           "`flash`'s FLOP rate, and counting them its FLOP rate was 5.33× `flash`'s, at a larger " \
+           "batch and more than one knob apart." in abstract  # fmt: skip
     assert "stopped the batch, so there it bounds what the GPU's memory allows only from below." \
         in abstract  # fmt: skip
     # "B + 1 does not" says which limits refuse it (Method): the slack's and the host's as well

@@ -55,7 +55,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     for own in ("**What fills the memory.**", "**Throughput.**", "a search proves the largest"):
         assert own in map_md and own not in section  # the map's paper keeps them, linked: not
     assert "The proven maximum tokens per step on NVIDIA H100 80GB HBM3 against the sequence" in md
-    for name in ("map_tokens_by_length", "map_tokens_by_size"):  # copied beside its own figures
+    for name in ("map_tokens_by_length",):  # copied beside its own figures (by size: not linked)
         assert f"](figures/{name}.png)" in md and f"{{figures/{name}.pdf}}" in tex
         for ext in ("png", "pdf"):
             copied, theirs = (
@@ -80,8 +80,8 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     rule = "Everywhere but Results across the map, which states its own rule, two cells are"
     assert rule + " *within noise* of each other when" in md and rule in tex
     assert "(this paper's within-noise rule, in Method, is not used here: 5 of the map's 23 " \
-           "cells, at the edge of memory, retried cudaMalloc, and a cell's 95% interval covers " \
-           "its own run's retries, not another run's)." in section  # fmt: skip
+           "cells, at the edge of memory, retried cudaMalloc, and its thresholds rest on reruns of " \
+           "such cells)." in section  # fmt: skip
     assert (
         "on H100s (up to 19% across cards and 14% on one card: memopt's reruns of map cells, in "
         "`studies/h100-map-pieces/README.md`)." in section
@@ -158,13 +158,45 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
                                              "ckpt": TECHNIQUES["flash_gradcp"]},
                               "baseline": "ckpt", "model": CONFIG["model"]})  # fmt: skip
     found = _bridge(CONFIG, theirs)
-    assert found == {"same": [{"map": "ckpt", "here": "flash_gradcp"}],
+    assert found == {"pairs": [{"map": "ckpt", "here": "flash_gradcp"}],
+                     "same": [{"map": "ckpt", "here": "flash_gradcp"}],
                      "differs": [{"name": "local128", "knobs": ["window"]}], "model": [],
                      "settings": found["settings"]}  # fmt: skip
     assert found["settings"] == [
         {"key": "search.max_batch", "map": None, "here": 1024},
         {"key": "measure.warmup_steps", "map": 3, "here": 2},
     ]
+
+
+def test_the_map_section_gives_this_studys_same_batch_ratios_and_a_reversed_order():
+    """Beside the map's ratios at each technique's own maximum, this study's at its one batch;
+    and where this study's maxima order two techniques otherwise than the map does at every
+    point, it says so (with the numbers of both)."""
+    from memopt.report.paper import _render
+    from memopt.report.paper_format import make_environment
+
+    lm = {"path": "m", "techniques": ["f", "c", "o"], "reference": "f", "same": [], "differs": [],
+          "model": [], "gpu": "G", "above": [("c", "o"), ("c", "f")],
+          "pairs": [{"map": "f", "here": "flash"}, {"map": "c", "here": "chunked"},
+                    {"map": "o", "here": "offload"}]}  # fmt: skip
+    cells = [{"technique": t, "batch_entry": "same", "status": "ok", "batch_size": 50,
+              "tokens_per_s": v} for t, v in (("flash", 400.0), ("chunked", 300.0),
+                                               ("offload", 200.0))]  # fmt: skip
+    searches = [{"technique": t, "max_batch": b} for t, b in (("flash", 117), ("chunked", 1076),
+                                                              ("offload", 1461))]  # fmt: skip
+    context = {"linked": {"map": lm}, "baseline": "b", "device": {"name": "G"}, "cells": cells,
+               "searches": searches, "tn": {"relative": 1, "search": 2}}  # fmt: skip
+    text = _render(make_environment(TEMPLATES, False), "_linked_map.md.j2", context)
+    assert "At this study's point, at one batch (50 sequences, Table 1), against `flash`'s " \
+           "tokens/s: `chunked` 0.75× and `offload` 0.50×;" in text  # fmt: skip
+    assert (
+        "Here `offload` trains more sequences than `chunked` (1,461 against 1,076, Table 2), "
+        "where the map's `c` trains more tokens per step than its `o` at every point." in text
+    )
+    assert "than `flash`" not in text  # chunked above flash here too: nothing to say
+    searches[2]["max_batch"] = 900  # the same order as the map's: no sentence
+    text = _render(make_environment(TEMPLATES, False), "_linked_map.md.j2", context)
+    assert "Here `" not in text
 
 
 def test_a_map_from_another_gpu_is_said_where_the_paper_speaks_of_one(paper_study, tmp_path):

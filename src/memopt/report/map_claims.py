@@ -189,10 +189,11 @@ def own_max_speeds(
     clear: tuple[float, float] = (SPEED_CLEAR, SPEED_CLEAR_RETRIED),
 ) -> list[dict]:
     """Each technique's tokens/s over the reference's, each at its own maximum (the batches
-    differ): [{technique, min, max, under (below 1 at every point timed), below (at every point
+    differ): [{technique, min, max, under (below 1 at every point timed), over (above 1), below (at every point
     at most 1 / clear[0], or 1 / clear[1] where either cell retried cudaMalloc: the same-batch
     speed rule, as a cell's retries move its mean however the batches compare), above (at least
-    that far above 1 everywhere), slower and faster (at how many points the rule says so), ends (the pairs behind min and max: {point, retried, one_more:
+    that far above 1 everywhere), slower and faster (at how many points the rule says so), mixed
+    (a point the rule leaves out is farther from 1 than one it counts: a retry's wider threshold), ends (the pairs behind min and max: {point, retried, one_more:
     the technique's maximum one sequence above the reference's}), n, rate, wide}]. rate: {min, max} of that ratio over the
     technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
     recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
@@ -215,11 +216,18 @@ def own_max_speeds(
                 behind += [r, ref]
         if ratios:
             said = [speed_verdict(v, e["retried"], *clear) for v, e in zip(ratios, ends)]
+            slow = [v for v, s in zip(ratios, said) if s == "slower"]
+            fast = [v for v, s in zip(ratios, said) if s == "faster"]
+            # a point not called so whose ratio is farther from 1 than one that is: the wider
+            # threshold of a retried cell decided it
+            mixed = any(
+                s != "slower" and slow and v < max(slow) for v, s in zip(ratios, said)
+            ) or any(s != "faster" and fast and v > min(fast) for v, s in zip(ratios, said))
             out.append({"technique": t, "min": min(ratios), "max": max(ratios), "n": len(ratios),
-                        "under": all(v < 1 for v in ratios),
+                        "under": all(v < 1 for v in ratios), "over": all(v > 1 for v in ratios),
                         "ends": [ends[ratios.index(min(ratios))], ends[ratios.index(max(ratios))]],
                         "below": all(v == "slower" for v in said), "above": all(v == "faster" for v in said),
-                        "slower": said.count("slower"), "faster": said.count("faster"),
+                        "slower": said.count("slower"), "faster": said.count("faster"), "mixed": mixed,
                         "rate": {"min": min(rates), "max": max(rates)} if len(rates) == len(ratios) else None,
                         "wide": interval_misses(behind, target) if target is not None else None})  # fmt: skip
     return out

@@ -2,8 +2,9 @@
 `paper.map`, `paper.quality`: a study folder with its config.yaml, results/, data/ and paper/):
 the map's abstract and findings, rendered by the map paper's own templates from its results, with
 its figures; the quality study's verdicts, computed from its quality runs as its own paper does.
-The numbers come from the linked study's files when this paper renders; the map's two figures are
-copied into this paper's figures folder, so that the paper renders the same wherever it is."""
+The numbers come from the linked study's files when this paper renders; the map's figure of
+maxima by length is copied into this paper's figures folder, so that the paper renders the same
+wherever it is."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from memopt.report.paper_format import make_environment, num
 from memopt.report.results import read_json
 from memopt.report.tables import Table
 
-MAP_FIGURES = ("map_tokens_by_length", "map_tokens_by_size")
+MAP_FIGURES = ("map_tokens_by_length",)  # the by-size figure stays in the map's own paper
 
 
 def _study(root: Path, key: str, needs: tuple[str, ...]) -> dict:
@@ -47,8 +48,9 @@ def _bridge(config: dict, theirs: dict) -> dict:
              **{sec: config[sec] for sec in ("search", "measure") if config.get(sec)}}  # fmt: skip
     mine = validate_config(alone)
     here = mine["model"]
-    same = [{"map": m, "here": h} for m, spec in mapped.items()
-            for h, mine in ours.items() if mine == spec and m != h]  # fmt: skip
+    pairs = [{"map": m, "here": h} for m, spec in mapped.items()
+             for h, mine in ours.items() if mine == spec]  # fmt: skip
+    same = [p for p in pairs if p["map"] != p["here"]]
     differs = [{"name": m, "knobs": sorted(k for k in spec.keys() | ours[m].keys()
                                            if spec.get(k) != ours[m].get(k))}
                for m, spec in mapped.items() if m in ours and ours[m] != spec]  # fmt: skip
@@ -58,7 +60,15 @@ def _bridge(config: dict, theirs: dict) -> dict:
     settings = [{"key": f"{sec}.{k}", "map": theirs[sec].get(k), "here": mine[sec].get(k)}
                 for sec in ("search", "measure") for k in sorted(theirs[sec].keys() | mine[sec].keys())
                 if theirs[sec].get(k) != mine[sec].get(k)]  # fmt: skip
-    return {"same": same, "differs": differs, "model": model, "settings": settings}
+    return {"pairs": pairs, "same": same, "differs": differs, "model": model, "settings": settings}
+
+
+def _above_everywhere(table, names: list[str]) -> list[tuple[str, str]]:
+    """(a, b) for the map's techniques in `names` where a's maximum tokens per step is above b's
+    at every point that measured both (and there is at least one)."""
+    wide = table.pivot(index="point", columns="technique", values="max_tokens").fillna(0)
+    return [(a, b) for a in names for b in names
+            if a != b and a in wide and b in wide and (wide[a] > wide[b]).all()]  # fmt: skip
 
 
 def _map(root: Path, templates: Path, render, config: dict) -> dict:
@@ -71,7 +81,8 @@ def _map(root: Path, templates: Path, render, config: dict) -> dict:
     map_config = _study(root, "map", ("results/map.csv", "results/map_findings.json"))
     searches = [root / "results/map" / p / "search" / f"{t}.json"
                 for p in map_points(map_config) for t in map_config["techniques"]]  # fmt: skip
-    ctx = map_context(pd.read_csv(root / "results/map.csv"),
+    table = pd.read_csv(root / "results/map.csv")
+    ctx = map_context(table,
                       read_json(root / "results/map_findings.json"), searches,
                       root / "data/corpus/stats.json", root / "data/tokens/meta.json", map_config,
                       root / "repeats")  # fmt: skip
@@ -80,11 +91,13 @@ def _map(root: Path, templates: Path, render, config: dict) -> dict:
     ctx["linked"] = True
     env = make_environment(templates, False)
     env.filters.update(span=span, listed=listed)
+    bridge = _bridge(config, map_config)
     prose = render_prose(env, ctx, render, ("abstract", "findings"), "map", None)
     return {"path": root.as_posix(), "prose": prose, "models": ctx["models"],
             "points": ctx["points"], "figures_dir": root / "paper" / "figures",
             "reference": ctx["reference"], "techniques": ctx["techniques"],
-            "gpu": ctx["device"]["name"], **_bridge(config, map_config)}  # fmt: skip
+            "gpu": ctx["device"]["name"], **bridge,
+            "above": _above_everywhere(table, [p["map"] for p in bridge["pairs"]])}  # fmt: skip
 
 
 def _quality(root: Path) -> dict:
