@@ -382,3 +382,18 @@ def test_a_maximum_is_said_to_hold_over_the_steps_that_proved_it(base, tmp_path)
     limits = render(root).split("## 5 Limitations")[1].split("## 6")[0]
     assert "A maximum is proven over a search trial's 3 steps and the cell's 3 warm-up and at " \
            "most 40 timed steps, not over a long run" in limits  # fmt: skip
+
+
+def test_a_spread_made_by_one_techniques_budget_is_named():
+    """The H200 map's widest spread (226 MiB at gpt2_110m_1024) was fp32_explicit's budget
+    against the others', which differed by at most 68 MiB at any point: the paper names it."""
+    search_paths = [Path(f"r/map/{p}/search/{t}.json") for p in ("p", "q") for t in "fxy"]
+    budgets = {"p": (1000.0, 1226.0, 1002.0), "q": (1000.0, 1226.0, 1068.0)}
+    searches = [{"technique": t, "budget_mib": budgets[p][i]}
+                for p in ("p", "q") for i, t in enumerate("fxy")]  # fmt: skip
+    rows = [row(p, t, 90, per_token=1.0) for p in ("p", "q") for t in "fxy"]
+    spread = budget_spread(search_paths, searches, rows, "f")
+    assert (spread["mib"], spread["odd"], spread["rest_max"]) == (226.0, "x", 68.0)
+    for s, b in zip(searches, (1000.0, 1050.0, 1100.0, 1000.0, 1010.0, 1020.0)):
+        s["budget_mib"] = b  # no one budget makes the widest spread
+    assert "odd" not in budget_spread(search_paths, searches, rows, "f")

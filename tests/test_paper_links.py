@@ -131,7 +131,8 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
     assert bridge.startswith(f"Excerpts of the abstract and findings of the map study in `{linked / 'map'}` "
                              "follow; its tables are in that study's paper.")  # fmt: skip
     assert "Its reference is `flash`, not this study's `baseline`; its `fp32` is this study's " \
-           "`baseline` (the same knobs); its models differ from this study's in d_ff, 128 (here " \
+           "`baseline` (the same knobs); its `flash`, `window`, `offload` have no technique here " \
+           "with the same knobs; its models differ from this study's in d_ff, 128 (here " \
            "256); dropout, 0.0 (here 0.1), so no point of the map repeats this study's " \
            "measurements; its searches and timing differ from this study's in search.max_batch, " \
            "unset (here 1024); measure.warmup_steps, 3 (here 2)." in bridge  # fmt: skip

@@ -188,7 +188,24 @@ def budget_spread(search_paths, searches: list[dict], rows: list[dict], referenc
             and r["max_batch"] and abs(r["max_batch"] - ref) == 1]  # fmt: skip
     return {"mib": mib, "n": worst, "point": point, "point_mib": worst * per_seq[point],
             "sequence_mib": per_seq[point], "batch": ref, "one_apart": near,
-            "moves": math.ceil(worst)}  # fmt: skip
+            "moves": math.ceil(worst), **_odd_budget(by_point, point)}  # fmt: skip
+
+
+def _odd_budget(by_point: dict, point: str) -> dict:
+    """{odd, rest_max}: the technique whose budget alone makes most of the spread at `point`
+    (without it, less than half is left), and the widest spread of the others' budgets at any point
+    (also less than half of it); {} where no one technique does."""
+
+    def spread(at: dict, without: str | None) -> float:
+        b = [s["budget_mib"] for t, s in at.items() if t != without and s.get("budget_mib")]
+        return max(b) - min(b) if len(b) > 1 else 0.0
+
+    at = by_point[point]
+    rest, odd = min((spread(at, t), t) for t in at)
+    if len(at) < 3 or 2 * rest >= spread(at, None):
+        return {}
+    rest_max = max(spread(a, odd) for a in by_point.values())
+    return {"odd": odd, "rest_max": rest_max} if 2 * rest_max < spread(at, None) else {}
 
 
 def _gap(mine: dict | None, theirs: dict | None, mine_higher: bool) -> float | None:
