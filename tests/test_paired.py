@@ -152,3 +152,28 @@ def test_a_positive_control_is_judged_but_never_recommended():
     assert _as_good_as_the_best(q) == {"bf16"}  # the control is no technique to use
     rows["bf16_w32"]["verdict"] = "inconclusive"  # not detectably worse: eligible
     assert _as_good_as_the_best(q) == {"bf16", "bf16_w32"}
+
+
+def test_the_family_check_names_a_verdict_that_stays_but_only_narrowly():
+    """_family's `narrow`: a better verdict that survives the correction with its interval's
+    nearer end within the margin of 0 is named (the H200 quality study's `bf16_w32`:
+    -0.138 to -0.002); one far from 0, and verdicts that change, are not."""
+    from memopt.report.quality_paper import _family
+
+    losses = {"ref": [5.0, 5.1, 5.2, 5.3], "near": [4.95, 5.07, 5.14, 5.26],
+              "far": [4.5, 4.61, 4.69, 4.8]}  # fmt: skip
+    runs = [{"function": f, "seed": s, "val_loss": v, "status": "ok"}
+            for f, vs in losses.items() for s, v in enumerate(vs)]  # fmt: skip
+    rows = []
+    for f in ("near", "far"):
+        v = paired_verdict(paired_differences(runs, f, "ref"), 0.02)
+        rows.append({"function": f, "verdict": v["verdict"], "paired": v})
+    assert [r["verdict"] for r in rows] == ["better", "better"]
+    ctx = {"quality": {"rows": rows, "reference_function": "ref", "margin": 0.02},
+           "quality_runs": runs}  # fmt: skip
+    family = _family(ctx)
+    assert family["changed"] == [] and family["narrow"]["function"] == "near"
+    assert -0.02 < family["narrow"]["hi"] < 0
+    runs = [r for r in runs if r["function"] != "near"]
+    ctx["quality"]["rows"], ctx["quality_runs"] = rows[1:], runs
+    assert _family(ctx)["narrow"] is None

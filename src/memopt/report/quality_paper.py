@@ -184,12 +184,15 @@ def _control_twins(ctx: dict) -> list[dict]:
 def _family(ctx: dict) -> dict:
     """The verdicts again with a Bonferroni correction for the comparisons made (each interval at
     1 - 0.05 / m): the ones that change, a check on reading the per-comparison 95% verdicts as a
-    family (m functions judged, one of them a false verdict by chance is not rare)."""
+    family (m functions judged, one of them a false verdict by chance is not rare); and `narrow`,
+    the better or worse verdict that stays but whose corrected interval comes within the margin
+    of 0 (the nearest such), or None."""
     from memopt.report.paired import paired_differences, paired_verdict
 
     rows = [r for r in ctx["quality"]["rows"] if r["paired"] and r["paired"]["lo"] is not None]
+    margin = ctx["quality"]["margin"]
     level = 1 - 0.05 / len(rows) if rows else None
-    changed = []
+    changed, kept = [], []
     for r in rows:
         diffs = paired_differences(
             ctx["quality_runs"], r["function"], ctx["quality"]["reference_function"]
@@ -197,7 +200,10 @@ def _family(ctx: dict) -> dict:
         v = paired_verdict(diffs, ctx["quality"]["margin"], level)
         if v["verdict"] != r["verdict"]:
             changed.append({"function": r["function"], "was": r["verdict"], **v})
-    return {"m": len(rows), "level": level, "changed": changed}
+        elif v["verdict"] in ("better", "worse") and min(abs(v["lo"]), abs(v["hi"])) < margin:
+            kept.append((min(abs(v["lo"]), abs(v["hi"])), {"function": r["function"], **v}))
+    narrow = min(kept, key=lambda k: k[0])[1] if kept else None
+    return {"m": len(rows), "level": level, "changed": changed, "narrow": narrow}
 
 
 def quality_context(ctx: dict) -> dict:
