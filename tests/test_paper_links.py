@@ -65,7 +65,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
             assert copied.read_bytes() == theirs.read_bytes()
     rows = {r["function"]: r for r in md_table(md, "Δ val loss")}
     limits = md.split("## 7 Limitations")[1].split("## 8 ")[0]  # no guess the map measures
-    assert "hold at this point only; the map study (Results across the map) measures" in limits
+    assert "hold at this point only (others: Results across the map)" in limits
     assert "not measured here" not in limits and "quadratically" not in md
     # the map ran on this study's GPU model: not excepted (the synthetic quality runs name
     # theirs "H100", another name, so that section is)
@@ -127,7 +127,7 @@ def test_the_map_section_says_where_its_setting_meets_this_one(paper_study, link
     technique with the same knobs under another name, one named alike with other knobs, and the
     model keys the map's points share that differ from this study's model."""
     md, tex = render_linked(paper_study, linked, tmp_path, {"map": str(linked / "map")})
-    bridge = md.split("## 4 Results across the map")[1].split("\n\n")[1]
+    bridge = md.split("## 4 Results across the map")[1].split("\n\n")[2]
     assert bridge.startswith(f"Excerpts of the abstract and findings of the map study in `{linked / 'map'}` "
                              "follow; its tables are in that study's paper.")  # fmt: skip
     assert "Its reference is `flash`, not this study's `baseline`; its `fp32` is this study's " \
@@ -214,8 +214,8 @@ def test_a_map_from_another_gpu_is_said_where_the_paper_speaks_of_one(paper_stud
     limits = md.split("## 6 Limitations")[1].split("## 7 ")[0]
     assert "Every number but those of Results across the map (NVIDIA H200) comes from one GPU " \
            "model, NVIDIA H100 80GB HBM3:" in limits  # fmt: skip
-    assert "measures the techniques at other sizes, lengths and blocks on NVIDIA H200," in limits
+    assert "hold at this point only (others: Results across the map)." in limits
     conclusion = md.split("## 7 Conclusion")[1]
     assert "(other sizes and lengths, on NVIDIA H200: Results across the map):" in conclusion
-    bridge = md.split("## 4 Results across the map")[1].split("\n\n")[1]
+    bridge = md.split("## 4 Results across the map")[1].split("\n\n")[2]
     assert "It ran on NVIDIA H200, not this study's NVIDIA H100 80GB HBM3" in bridge

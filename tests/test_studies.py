@@ -108,6 +108,22 @@ def test_tables_are_numbered_once_and_each_run_is_listed_once(rendered):
     assert int(listed.group(1)) == len(runs) == len(listed.group(2).split(", "))
 
 
+def test_figures_are_numbered_in_order_and_each_is_referred_to(rendered):
+    """Each figure's caption is numbered in the order of the Markdown, the LaTeX labels its floats
+    in that order, and the text refers to every figure by number (\\ref in the LaTeX)."""
+    md = (rendered / "paper" / "paper.md").read_text()
+    tex = (rendered / "paper" / "paper.tex").read_text()
+    captions = re.findall(r"^!\[Figure (\d+): .*\]\(figures/(\w+)\.png\)$", md, flags=re.M)
+    assert len(captions) == md.count("\n![") >= 9
+    assert [int(n) for n, _ in captions] == list(range(1, len(captions) + 1))
+    labels = re.findall(r"\\label\{fig:(\w+)\}", tex)
+    assert labels == [name for _, name in captions]
+    text = "\n".join(line for line in md.splitlines() if not line.startswith("!["))
+    for n, name in captions:
+        assert re.search(rf"\bFigure {n}\b", text), f"Figure {n} ({name}) is not referred to"
+        assert f"\\ref{{fig:{name}}}" in tex
+
+
 def _links(study: Path) -> dict:
     """The studies (map, quality) whose sections the study's paper links in (`paper.map`,
     `paper.quality`)."""
@@ -225,7 +241,7 @@ def test_the_pdf_keeps_figures_in_the_body_and_text_inside_the_margins(study, re
         i for i, p in enumerate(pages) if re.search(r"^[A-Z]\s+The configuration", p, re.M)
     )
     figures = [i for i, p in enumerate(pages) for _ in re.finditer(r"Figure \d+:", p)]
-    links = _links(study)  # a linked quality study adds its figure, a linked map two
+    links = _links(study)  # a linked quality study adds its figure, a linked map one
     assert len(figures) == 9 + ("quality" in links) + ("map" in links)
     assert max(figures) < appendix
     # Issue 37: the main text (to the Conclusion; the References follow it) fits 12 pages, the
@@ -258,7 +274,7 @@ def test_each_bold_lead_starts_a_paragraph_of_its_own(name):
     it: a template line that ends in a block tag loses its newline, and the next paragraph ran
     into it, in Markdown and LaTeX alike."""
     lines = (ROOT / "studies" / name / "paper/paper.md").read_text().split("\n")
-    lead = re.compile(r"^\*\*[^*]+\.\*\* ")
+    lead = re.compile(r"^\*\*[^*]+\.\*\*( |$)")
     merged = [
         line[:60] for i, line in enumerate(lines) if lead.match(line) and lines[i - 1].strip()
     ]

@@ -27,6 +27,7 @@ from memopt.report.paper_analysis import (
     recommendations,
     tf32_reference,
 )
+from memopt.report.paper_figrefs import number_figures
 from memopt.report.paper_format import config_yaml, make_environment
 from memopt.report.paper_gpus import gpus_used
 from memopt.report.paper_links import (
@@ -397,6 +398,9 @@ def render_paper(
         text = {name: both["tex" if latex else "md"] for name, both in prose.items()}
         texts[Path(out)] = _render(env, template, {**context, "figures": figures, "prose": text,
                                                    "linked_prose": linked["tex" if latex else "md"]})  # fmt: skip
+    if name == "paper":  # its figures numbered and each referred to (memopt.report.paper_figrefs)
+        texts[Path(out_md)], texts[Path(out_tex)] = number_figures(texts[Path(out_md)],
+                                                                   texts[Path(out_tex)])  # fmt: skip
     copy_linked_figures(context.get("linked", {}), figures_dir)
     for out, text in texts.items():
         write_text(out, text)

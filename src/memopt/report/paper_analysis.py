@@ -168,8 +168,8 @@ def recommendations(
     if len(ranked) > 1 and (even := break_even_tokens(ranked[0], ranked[1])) is not None:
         rows[-1]["cost"] += (
             f"; a one-time {even['extra_s']:,.0f} s more than {ranked[1]['technique']}'s "
-            f"(warm-up, compilation included, beyond what its warm-up steps take at the mean "
-            f"step time; each at its own batch), repaid after {even['tokens'] / 1e6:,.0f}M tokens"
+            f"(warm-up past its steps' time, compilation included), repaid after "
+            f"{even['tokens'] / 1e6:,.0f}M tokens"
         )
     return rows
 
