@@ -106,3 +106,12 @@ def test_the_docs_map_tables_are_map_report(doc):
     out = subprocess.run([sys.executable, "tools/map_report.py", *args], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert found.group(3).strip() == out.strip()
+
+
+def test_every_figure_and_table_of_the_map_paper_is_referred_to():
+    md = (STUDY / "paper" / "paper.md").read_text()
+    text = "\n".join(line for line in md.splitlines() if not line.startswith(("![", "Table ")))
+    for n in re.findall(r"^!\[Figure (\d+):", md, flags=re.M):
+        assert f"(Figure {n})" in text, n
+    for n in re.findall(r"^Table (\d+):", md, flags=re.M):
+        assert f"Table {n}" in text, n

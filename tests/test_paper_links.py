@@ -69,7 +69,7 @@ def test_the_linked_studies_get_sections_of_their_own(paper_study, linked, tmp_p
     assert "not measured here" not in limits and "quadratically" not in md
     # the map ran on this study's GPU model: not excepted (the synthetic quality runs name
     # theirs "H100", another name, so that section is)
-    assert "Every number but those of Quality: paired verdicts and what they can detect (H100) comes from one GPU " \
+    assert "Every measurement but those of Quality: paired verdicts and what they can detect (H100) comes from one GPU " \
            "model, NVIDIA H100 80GB HBM3:" in limits  # fmt: skip
     conclusion = md.split("## 8 Conclusion")[1]  # its answer scoped to this point
     assert (
@@ -212,7 +212,7 @@ def test_a_map_from_another_gpu_is_said_where_the_paper_speaks_of_one(paper_stud
           "--data", str(root / "data"), "--out", str(root / "paper")])  # fmt: skip
     md, _ = render_linked(paper_study, None, tmp_path / "out", {"map": str(root)})
     limits = md.split("## 6 Limitations")[1].split("## 7 ")[0]
-    assert "Every number but those of Results across the map (NVIDIA H200) comes from one GPU " \
+    assert "Every measurement but those of Results across the map (NVIDIA H200) comes from one GPU " \
            "model, NVIDIA H100 80GB HBM3:" in limits  # fmt: skip
     assert "hold at this point only (others: Results across the map)." in limits
     conclusion = md.split("## 7 Conclusion")[1]
