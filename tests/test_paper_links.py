@@ -198,6 +198,10 @@ def test_the_map_section_gives_this_studys_same_batch_ratios_and_a_reversed_orde
     searches[2]["max_batch"] = 900  # the same order as the map's: no sentence
     text = _render(make_environment(TEMPLATES, False), "_linked_map.md.j2", context)
     assert "Here `" not in text
+    # the code each ran, where it differs
+    lm["commits"], context["provenance"] = ["a" * 40], {"git_commit": ["b" * 40]}
+    text = _render(make_environment(TEMPLATES, False), "_linked_map.md.j2", context)
+    assert "It ran commit aaaaaaa (this study: bbbbbbb)." in text
 
 
 def test_a_map_from_another_gpu_is_said_where_the_paper_speaks_of_one(paper_study, tmp_path):

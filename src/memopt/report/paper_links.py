@@ -96,7 +96,7 @@ def _map(root: Path, templates: Path, render, config: dict) -> dict:
     return {"path": root.as_posix(), "prose": prose, "models": ctx["models"],
             "points": ctx["points"], "figures_dir": root / "paper" / "figures",
             "reference": ctx["reference"], "techniques": ctx["techniques"],
-            "gpu": ctx["device"]["name"], **bridge,
+            "gpu": ctx["device"]["name"], "commits": ctx["where"]["commits"], **bridge,
             "above": _above_everywhere(table, [p["map"] for p in bridge["pairs"]])}  # fmt: skip
 
 
