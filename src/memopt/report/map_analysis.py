@@ -201,11 +201,12 @@ def _odd_budget(by_point: dict, point: str) -> dict:
         return max(b) - min(b) if len(b) > 1 else 0.0
 
     at = by_point[point]
+    whole = spread(at, None)
     rest, odd = min((spread(at, t), t) for t in at)
-    if len(at) < 3 or 2 * rest >= spread(at, None):
+    if len(at) < 3 or 2 * rest >= whole:
         return {}
     rest_max = max(spread(a, odd) for a in by_point.values())
-    return {"odd": odd, "rest_max": rest_max} if 2 * rest_max < spread(at, None) else {}
+    return {"odd": odd, "rest_max": rest_max} if 2 * rest_max < whole else {}
 
 
 def _gap(mine: dict | None, theirs: dict | None, mine_higher: bool) -> float | None:

@@ -57,8 +57,9 @@ def number_figures(md: str, tex: str) -> tuple[str, str]:
         if found:
             line = f"![Figure {number[found[3]]}: {found[1]}]({found[2] or ''}{found[3]}.png)"
         out.append(line)
-        if line.startswith(("## ", "### ")) and _title(line.lstrip("#")) in sections:
-            out += ["", _guide(sections[_title(line.lstrip("#"))], lambda n: f"Figure {number[n]}")]
+        title = _title(line.lstrip("#")) if line.startswith(("## ", "### ")) else None
+        if title is not None and title in sections:
+            out += ["", _guide(sections[title], lambda n: f"Figure {number[n]}")]
     tex_out = []
     for line in tex.split("\n"):
         tex_out.append(line)

@@ -197,11 +197,12 @@ def _family(ctx: dict) -> dict:
         diffs = paired_differences(
             ctx["quality_runs"], r["function"], ctx["quality"]["reference_function"]
         )
-        v = paired_verdict(diffs, ctx["quality"]["margin"], level)
+        v = paired_verdict(diffs, margin, level)
+        nearest = min(abs(v["lo"]), abs(v["hi"]))  # the interval's end nearer 0
         if v["verdict"] != r["verdict"]:
             changed.append({"function": r["function"], "was": r["verdict"], **v})
-        elif v["verdict"] in ("better", "worse") and min(abs(v["lo"]), abs(v["hi"])) < margin:
-            kept.append((min(abs(v["lo"]), abs(v["hi"])), {"function": r["function"], **v}))
+        elif v["verdict"] in ("better", "worse") and nearest < margin:
+            kept.append((nearest, {"function": r["function"], **v}))
     narrow = min(kept, key=lambda k: k[0])[1] if kept else None
     return {"m": len(rows), "level": level, "changed": changed, "narrow": narrow}
 
