@@ -229,9 +229,10 @@ def test_cells_that_retried_cudamalloc_are_marked_and_counted(rendered):
 
 def test_speed_at_the_reference_batch_is_found_and_said(rendered):
     """Where a technique's maximum is the reference's batch, its tokens/s over the reference's is
-    a finding: faster or slower only at least SPEED_CLEAR (1.25) from 1."""
+    a finding: faster or slower only beyond the two cells' noise (memopt.report.noise)."""
     found = json.loads((rendered / "results/map_findings.json").read_text())
-    assert found["speed_clear"] == 1.25
+    assert found["retry_noise"] == 0.14
+    assert all(0 <= f["noise"] < 0.3 for f in found["speed"]["window"])
     window = {f["point"]: round(f["ratio"], 2) for f in found["speed"]["window"]}
     assert window == {"gpt2_s_32": 0.7, "llama_s_32": 1.3, "llama_m_32": 1.3}  # same batch only
     assert found["speed"]["offload"] == []  # never at flash's batch

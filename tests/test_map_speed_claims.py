@@ -94,12 +94,9 @@ def test_the_repeats_say_which_point_they_cover(base, tmp_path):  # noqa: F811
     root = copy(base, tmp_path)
     write_repeats(root, {"flash": [(36000.0, 0), (36036.0, 0)]})
     said = paragraph(root)
-    assert "They cover" not in said  # every cell reached its interval target
-    edit(root, "gpt2_s_64", "window", "cell", lambda d: d.update(step_time_ms={"rel_ci95": 0.031}))
-    said = paragraph(root)
-    assert "They cover `llama_s_32` alone; at the edge of memory a cell's own 95% interval " \
-           "reached 3.1% (`window` at `gpt2_s_64`), so ratios there are that much less " \
-           "certain." in said  # fmt: skip
+    # the repeats hold the rule at one of the map's 6 points: said so
+    assert ", each cell's runs within noise of each other by the rule." in said
+    assert said.count(" They cover `llama_s_32` alone.") == 1
 
 
 # The review of the 9-point H200 draft (issue 37): a ratio at each technique's own maximum is
@@ -113,18 +110,19 @@ def test_below_at_own_maxima_takes_the_speed_rule_and_the_retries():
                 {**row("a", "ckpt", 1), "tokens_per_s": 100.0 * ratio, "alloc_retries": 0}]  # fmt: skip
 
     def below(ratio, retries):
-        return own_max_speeds(rows(ratio, retries), ["ckpt"], "flash", clear=(1.25, 1.5))[0]
+        return own_max_speeds(rows(ratio, retries), ["ckpt"], "flash")[0]
 
-    assert below(0.78, 0)["below"] and below(0.78, 0)["under"]
-    assert not below(0.78, 4)["below"] and below(0.78, 4)["under"]  # the reference retried
-    assert below(0.6, 4)["below"]  # past 1 / 1.5
-    assert below(1.6, 4)["above"] and not below(1.4, 4)["above"]
+    # no intervals here: the noise is 0, or 0.14 where the reference retried
+    assert below(0.9, 0)["below"] and below(0.9, 0)["under"]
+    assert not below(0.9, 4)["below"] and below(0.9, 4)["under"]  # the reference retried
+    assert below(0.8, 4)["below"]  # more than 14% below
+    assert below(1.2, 4)["above"] and not below(1.15, 4)["above"]
     # the pairs behind the range's ends: one sequence apart where the technique's batch is 2
     two = rows(0.9, 4) + [{**row("b", "flash", 1), "tokens_per_s": 100.0, "alloc_retries": 0},
                           {**row("b", "ckpt", 2), "tokens_per_s": 120.0, "alloc_retries": 0}]  # fmt: skip
-    ends = own_max_speeds(two, ["ckpt"], "flash", clear=(1.25, 1.5))[0]["ends"]
-    assert ends == [{"point": "a", "retried": True, "one_more": False},
-                    {"point": "b", "retried": False, "one_more": True}]  # fmt: skip
+    ends = own_max_speeds(two, ["ckpt"], "flash")[0]["ends"]
+    assert ends == [{"point": "a", "retried": True, "noise": 0.14, "one_more": False},
+                    {"point": "b", "retried": False, "noise": 0.0, "one_more": True}]  # fmt: skip
 
 
 def test_retry_room_says_how_far_retried_steps_spread_and_whether_retries_track_the_room():
@@ -212,37 +210,35 @@ def test_the_paper_gives_the_retried_step_spread_and_table_4_caption_its_marks(b
     md = render(root)
     speed = md.split("**Speed at")[1].split("\n\n")[0]
     assert "Within one cell that retried, the slowest timed step took up to 1.50× the fastest " \
-           "(`offload` at `llama_m_32`), so where a cell retried, how its steps fell between the " \
-           "slow path and the fast one could alone move its mean by up to that much (the " \
-           "threshold where a cell retried is at least that); every faster-or-slower verdict " \
-           "below comes from two cells that did not retry." in speed  # fmt: skip
+           "(`offload` at `llama_m_32`), so how a run's steps fall between the slow path and the " \
+           "fast one could move its mean by up to that much; the rule's 14% rests on how far reruns " \
+           "moved such cells, not on this bound; " \
+           "every faster-or-slower verdict below comes from two cells that did not retry." \
+        in speed  # fmt: skip
     assert "-: the search tried fewer than two batches" not in md  # every search drew a line
-    # a retried cell whose steps spread further than 1.5: the threshold rises to its spread, so
-    # retries alone cannot pass it
+    # a spread within what reruns moved such cells (19% across cards): not said to pass them
     edit(root, "llama_m_32", "offload", "cell",
-         lambda d: d.update(step_times_ms=[100.0] * 8 + [161.2] * 3))  # fmt: skip
-    md = render(root)
-    assert (
-        json.loads((root / "results/map_findings.json").read_text())["speed_clear_retried"] == 1.62
-    )
-    speed = md.split("**Speed at")[1].split("\n\n")[0]
-    assert "and 1.62× or 0.62× where either cell retried (1.50×, raised to the largest ratio of " \
-           "a retried cell's slowest timed step to its fastest, below)" in speed  # fmt: skip
-    assert "slowest timed step took up to 1.61× the fastest" in speed
+         lambda d: d.update(step_times_ms=[100.0] * 8 + [115.0] * 3))  # fmt: skip
+    speed = render(root).split("**Speed at")[1].split("\n\n")[0]
+    assert "slowest timed step took up to 1.15× the fastest" in speed
+    assert "not on this bound" not in speed
+    assert "speed_clear_retried" not in (root / "results/map_findings.json").read_text()
 
 
-def test_own_maximum_ratios_inside_the_thresholds_are_not_called_slower_or_faster(base, tmp_path):  # noqa: F811
+def test_own_maximum_ratios_within_noise_are_not_called_slower_or_faster(base, tmp_path):  # noqa: F811
     root = copy(base, tmp_path)
     cell = root / "results/map/gpt2_s_32/cells/flash/max.json"
-    flash = json.loads(cell.read_text())["tokens_per_s"]  # offload 1.1x flash there: no verdict
-    edit(root, "gpt2_s_32", "offload", "cell", lambda d: d.update(tokens_per_s=flash * 1.1))
+    flash = json.loads(cell.read_text())["tokens_per_s"]
+    # offload 1.1x flash there, and its cell retried: within the pair's noise (0.14 and more)
+    edit(root, "gpt2_s_32", "offload", "cell",
+         lambda d: d.update(tokens_per_s=flash * 1.1, allocator_events={"alloc_retries": 2}))  # fmt: skip
     md = render(root)
     abstract = md.split("## Abstract")[1].split("## 1")[0]
-    assert ", above `flash`'s at all 6 points, by the map's speed rule (Findings) clearly faster " \
-           "at 5 of them;" in abstract  # fmt: skip
+    assert ", above `flash`'s at all 6 points, faster at 5 of them beyond noise (Method);" \
+        in abstract  # fmt: skip
     assert "above `flash`'s at every point" not in abstract
     findings = md.split("## 4 Findings")[1].split("## 5")[0]
-    assert "(by the speed rule below, applied to these pairs too: `offload` faster at 5 of the 6 " \
+    assert "(by the within-noise rule of Method: `offload` faster at 5 of the 6 " \
            "points)" in findings  # fmt: skip
-    assert "(each at its own maximum; by the speed rule clearly faster at 5 of 6)" \
+    assert "(each at its own maximum; faster at 5 of 6 beyond noise)" \
         in md.split("Conclusion")[-1]  # fmt: skip

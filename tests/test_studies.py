@@ -191,16 +191,26 @@ def test_title_and_abstract_state_the_findings_with_seed_spreads(rendered):
     same = ok[ok["batch_entry"] == "same"]
     fast = same.loc[same["tokens_per_s"].idxmax()]
     base = same[same["technique"] == "baseline"].iloc[0]
-    assert f"`{fast.technique}` runs {fast.tokens_per_s / base.tokens_per_s:.1f}× faster" in title
-    # a technique within the two cells' 95% intervals of the fastest is named beside it
-    rel = same["step_time_ms_rel_ci95"] + fast.step_time_ms_rel_ci95
+    # a technique within noise of the fastest (the papers' rule: the two cells' 95% intervals,
+    # plus 0.14 for a cell that retried cudaMalloc) is named beside it, as a tie
+    noise = same["step_time_ms_rel_ci95"] + 0.14 * (same["allocator_alloc_retries"].fillna(0) > 0)
+    rel = noise + noise[same.index == fast.name].iloc[0]
     near = same[
         (same.technique != fast.technique)
         & ((fast.tokens_per_s - same.tokens_per_s) <= rel * fast.tokens_per_s)
     ]
-    assert ("within noise" in title) == (len(near) > 0)
+    speedup = fast.tokens_per_s / base.tokens_per_s
+    if near.empty:
+        assert f"`{fast.technique}` runs {speedup:.1f}× faster" in title
+        assert "within noise" not in title
+    else:
+        low = near.tokens_per_s.min() / base.tokens_per_s
+        span = f"{low:.1f}–{speedup:.1f}" if f"{low:.1f}" != f"{speedup:.1f}" else f"{speedup:.1f}"
+        names = [fast.technique, *near.technique]
+        who = ", ".join(f"`{t}`" for t in names[:-1]) + f" and `{names[-1]}`"
+        assert f"{who} run {span}× faster" in title and "within noise of each other" in title
     for t in near.itertuples():
-        assert f"`{t.technique}`" in title.split("faster than FP32")[1]
+        assert f"`{t.technique}`" in title.split("faster than FP32")[0]
         assert f"`{t.technique}` ({t.tokens_per_s:,.0f} tokens/s)" in abstract
     low = same.loc[same["peak_allocated_mib"].idxmin()]
     saved = 100 * (1 - low.peak_allocated_mib / base.peak_allocated_mib)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from memopt.report.map_results import BREAKDOWN, speed_verdict
+from memopt.report.map_results import BREAKDOWN
+from memopt.report.noise import speed_verdict
 
 
 def pay_groups(found: list[dict], axis: str) -> list[dict]:
@@ -133,14 +134,13 @@ def fixed_savings(rows: list[dict], reference: str, pays: float) -> list[dict]:
 
 def speed_summary(findings: dict) -> list[dict]:
     """Per technique timed at the reference's batch somewhere: how many points, the range of its
-    tokens/s over the reference's, and the points where it is clearly faster or slower (a ratio at
-    least findings["speed_clear"] from 1, or "speed_clear_retried" where either cell retried
-    cudaMalloc), each with its ratio, and the others (neither)."""
+    tokens/s over the reference's, and the points where it is faster or slower beyond the two
+    cells' noise (memopt.report.noise; each entry's "noise"), each with its ratio, and the others
+    (within noise)."""
     out = []
 
     def verdict(f):
-        return speed_verdict(f["ratio"], f["retried"], findings["speed_clear"],
-                             findings["speed_clear_retried"])  # fmt: skip
+        return speed_verdict(f["ratio"], f["noise"])
 
     for technique, found in (findings.get("speed") or {}).items():
         if not found:

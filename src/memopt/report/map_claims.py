@@ -12,7 +12,8 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from memopt.report.map_results import SPEED_CLEAR, SPEED_CLEAR_RETRIED, retried, speed_verdict
+from memopt.report.map_results import retried
+from memopt.report.noise import pair_noise, speed_verdict
 
 # retries "go with" the room a cell left where at most this share of the cells that left as
 # little as any retried cell did not retry (and some cells left more)
@@ -186,14 +187,13 @@ def own_max_speeds(
     reference: str,
     shares: dict | None = None,
     target: float | None = None,
-    clear: tuple[float, float] = (SPEED_CLEAR, SPEED_CLEAR_RETRIED),
 ) -> list[dict]:
     """Each technique's tokens/s over the reference's, each at its own maximum (the batches
-    differ): [{technique, min, max, under (below 1 at every point timed), over (above 1), below (at every point
-    at most 1 / clear[0], or 1 / clear[1] where either cell retried cudaMalloc: the same-batch
-    speed rule, as a cell's retries move its mean however the batches compare), above (at least
-    that far above 1 everywhere), slower and faster (at how many points the rule says so), mixed
-    (a point the rule leaves out is farther from 1 than one it counts: a retry's wider threshold), ends (the pairs behind min and max: {point, retried, one_more:
+    differ): [{technique, min, max, under (below 1 at every point timed), over (above 1), below (slower beyond the
+    two cells' noise at every point: memopt.report.noise, the papers' one rule, as a cell's
+    retries move its mean however the batches compare), above (faster beyond it everywhere),
+    slower and faster (at how many points the rule says so), mixed (a point the rule leaves
+    within noise is farther from 1 than one it counts: a retry's noise decided it), ends (the pairs behind min and max: {point, retried, one_more:
     the technique's maximum one sequence above the reference's}), n, rate, wide}]. rate: {min, max} of that ratio over the
     technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
     recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
@@ -210,16 +210,17 @@ def own_max_speeds(
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
                 ends.append({"point": r["point"], "retried": retried(r) or retried(ref),
+                             "noise": pair_noise(r, ref),
                              "one_more": r.get("max_batch") == (ref.get("max_batch") or 0) + 1})  # fmt: skip
                 if r["point"] in by_point:
                     rates.append(ratios[-1] / by_point[r["point"]])
                 behind += [r, ref]
         if ratios:
-            said = [speed_verdict(v, e["retried"], *clear) for v, e in zip(ratios, ends)]
+            said = [speed_verdict(v, e["noise"]) for v, e in zip(ratios, ends)]
             slow = [v for v, s in zip(ratios, said) if s == "slower"]
             fast = [v for v, s in zip(ratios, said) if s == "faster"]
-            # a point not called so whose ratio is farther from 1 than one that is: the wider
-            # threshold of a retried cell decided it
+            # a point not called so whose ratio is farther from 1 than one that is: a retried
+            # cell's noise decided it
             mixed = any(
                 s != "slower" and slow and v < max(slow) for v, s in zip(ratios, said)
             ) or any(s != "faster" and fast and v > min(fast) for v, s in zip(ratios, said))

@@ -45,13 +45,13 @@ from memopt.report.map_results import (
     LIMIT_MARKS,
     LIMIT_WHY,
     MAP_FIGURE_NAMES,
-    SPEED_CLEAR,
-    SPEED_CLEAR_RETRIED,
     retried,
     was_timed,
 )
-from memopt.report.paper import PROVENANCE_KEYS, _clean, _render, figure_paths
+from memopt.report.noise import RETRY_NOISE, SPEED_BASIS, noise_rule
+from memopt.report.paper import _render, figure_paths
 from memopt.report.paper_format import config_yaml, make_environment, num, pct
+from memopt.report.paper_inputs import PROVENANCE_KEYS, _clean
 from memopt.report.paper_prose import render_prose
 from memopt.report.results import read_json, write_text
 from memopt.report.tables import Table
@@ -196,8 +196,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             for t, f in findings["techniques"].items()
         ],
         "shares": share_ranges(rows, reference),
-        "speed": speed, "speed_clear": findings.get("speed_clear"),
-        "speed_basis": findings.get("speed_basis"),
+        "speed": speed, "retry_noise": RETRY_NOISE, "speed_basis": SPEED_BASIS, "noise_rule": noise_rule(any(r["gpu"] for r in timed)),
         # what the claims may say (memopt.report.map_claims)
         "references": [t for t in dict.fromkeys((reference, config.get("baseline"))) if t in specs],
         "single": single_points(rows, reference, findings["pays_at"], by_cell),
@@ -211,9 +210,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "ci_misses": interval_misses(rows, config["measure"]["target_rel_ci"]),
         "at_once": at_once(spans), "groups": groups,
         "own_speeds": own_max_speeds(rows, [t for t in techniques if t != reference], reference,
-                                     recompute, config["measure"]["target_rel_ci"],
-                                     (findings.get("speed_clear") or SPEED_CLEAR,
-                                      findings.get("speed_clear_retried") or SPEED_CLEAR_RETRIED)),
+                                     recompute, config["measure"]["target_rel_ci"]),
         "retry_room": retry_room(timed),
         # a faster or slower verdict at the reference's batch from two cells that did not retry
         "verdicts_clean": bool(verdicts) and not any(f["retried"] for f in verdicts),
@@ -227,11 +224,9 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "fits": {"n": len(fits), "two": sum(len(f.get("batches") or []) == 2 for f in fits)},
         "flex_alone": {t: any(u != t and v.get("attention") == s.get("attention") and not v.get("window")
                               for u, v in specs.items()) for t, s in specs.items() if s.get("window")},
-        "speed_clear_retried": findings.get("speed_clear_retried"),
-        "speed_clear_retried_set": findings.get("speed_clear_retried_set"), "slope_same": SLOPE_SAME,
-        "repeats": repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results",
-                                 findings["speed_clear"], findings["speed_clear_retried"])
-        if repeats_dir and findings.get("speed_clear") else None,
+        "slope_same": SLOPE_SAME,
+        "repeats": repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results", RETRY_NOISE)
+        if repeats_dir else None,
         "n_kinds": len(BREAKDOWN), "dodge": CLOSE - 1,
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "scores": kept_scores(rows, models, specs),

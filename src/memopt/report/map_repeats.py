@@ -1,25 +1,32 @@
 """A map study's repeats (tools/gpu_study.sh STUDY_REPEATS, published beside its results as
 repeats/POINT/rN/TECHNIQUE.json): cells at a point's maxima run again at the same batch, on one
 GPU, to show how far one cell's tokens/s moves from run to run, with and without cudaMalloc
-retries. The map paper's speed thresholds (memopt.report.map_results.SPEED_CLEAR) are read
-against them."""
+retries. The papers' noise rule (memopt.report.noise) is read against them: its allowance for a
+cell that retried (RETRY_NOISE) against how far such a cell moved, and every cell's runs against
+each other by the rule itself."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from memopt.fileio import read_json
+from memopt.report.noise import within_noise
 
 
 def _run(cell: dict) -> dict | None:
-    """One timed run: its tokens/s, retries, timed steps and GPU (None: not timed)."""
+    """One timed run: its tokens/s, retries, 95% interval, timed steps and GPU (None: not timed)."""
     tps = cell.get("tokens_per_s")
     if cell.get("status") != "ok" or not tps:
         return None
     events = cell.get("allocator_events") or {}
-    return {"tokens_per_s": tps, "retries": events.get("alloc_retries"),
+    return {"tokens_per_s": tps, "alloc_retries": events.get("alloc_retries"),
+            "rel_ci95": (cell.get("step_time_ms") or {}).get("rel_ci95"),
             "timed_steps": cell.get("timed_steps"),
             "gpu": (cell.get("provenance") or {}).get("gpu_uuid")}  # fmt: skip
+
+
+def _tps(run: dict) -> float:
+    return run["tokens_per_s"]
 
 
 def _spread(runs: list[dict]) -> float:
@@ -28,14 +35,14 @@ def _spread(runs: list[dict]) -> float:
     return max(tps) / min(tps) - 1
 
 
-def repeat_spread(repeats: Path, results: Path, clear: float, clear_retried: float) -> dict | None:
+def repeat_spread(repeats: Path, results: Path, retry_noise: float) -> dict | None:
     """Per repeated cell its runs and their spread on the repeats' card (with the point's own run,
     results/map/POINT/cells/TECHNIQUE/max.json, where it ran on that card) and with the own run
     wherever it ran; the largest spreads on one card where a cell retried and where it did not;
-    None where there are no repeats. A ratio at the reference's batch compares two cells of one
-    point, so of one card: `below` says whether two cells, each moved by its kind's largest spread
-    in opposite directions, stay under the paper's thresholds (`clear` where neither retried,
-    `clear_retried` where one did: (1 + spread)^2 below each)."""
+    None where there are no repeats. A ratio compares two cells of one point, so of one card:
+    `below` says whether the noise rule holds on the repeats, every retried cell moved by at most
+    `retry_noise` on that card and every cell's fastest and slowest runs there are within noise of
+    each other (for a cell that never retried: within their 95% intervals added)."""
     files = sorted(Path(repeats).glob("*/r*/*.json"))
     if not files:
         return None
@@ -53,8 +60,9 @@ def repeat_spread(repeats: Path, results: Path, clear: float, clear_retried: flo
         card = runs if elsewhere or not own else every  # the runs on the repeats' card
         cells.append({
             "point": point, "technique": technique, "runs": runs, "own": own,
-            "retried": any(r["retries"] for r in every),
+            "retried": any(r["alloc_retries"] for r in every),
             "spread": _spread(card) if len(card) > 1 else None,
+            "within": len(card) < 2 or within_noise(max(card, key=_tps), min(card, key=_tps)),
             "with_own": _spread(every) if own else None, "own_elsewhere": elsewhere,
         })  # fmt: skip
     if not cells:
@@ -72,6 +80,6 @@ def repeat_spread(repeats: Path, results: Path, clear: float, clear_retried: flo
         "retried_max": retried_max, "clean_max": clean_max,
         "with_own_max": max((c["with_own"] for c in cells if c["with_own"] is not None), default=None),
         "own_elsewhere": any(c["own_elsewhere"] for c in cells),
-        "below": (retried_max is None or (1 + retried_max) ** 2 < clear_retried)
-                 and (clean_max is None or (1 + clean_max) ** 2 < clear),
+        "below": (retried_max is None or retried_max <= retry_noise)
+                 and all(c["within"] for c in cells),
     }  # fmt: skip

@@ -8,39 +8,19 @@ technique's maximum is the reference's batch, its tokens/s against the reference
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from memopt.fileio import read_json
+from memopt.report.noise import RETRY_NOISE, SPEED_BASIS, pair_noise
 from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import param_count
 
 PAYS = 1.10  # "pays": at least 10% more tokens per step than the reference
-# "faster" or "slower" at the reference's batch: a tokens/s ratio at least this far from 1. A cell
-# at the maximum can retry cudaMalloc, and a rerun of llama_128m_4096 on another H100 moved three
-# such cells by up to 19% with their retry counts, and repeats on one H100 moved one by 14%
-# (studies/h100-map-pieces/README.md), more than any cell's own interval: 1.25 where neither
-# cell retried, 1.5 where one did (two such draws of up to a fifth each: 1.2 / 0.8). On one H200
-# three such cells moved by at most 3.4% over three repeats (studies/h200-map/README.md);
-# a published map's paper reads its own repeats against these (memopt.report.map_repeats).
-SPEED_CLEAR = 1.25
-SPEED_CLEAR_RETRIED = 1.5
-# the changes those H100 runs saw, as studies/h100-map-pieces/README.md gives them (a test reads
-# them there): the paper states them beside the thresholds
-SPEED_BASIS = {"across_cards": 0.19, "one_card": 0.14}
 # Table 2's marks (and docs/results.md's) for a maximum that is not the GPU's memory's
 LIMIT_MARKS = {"host": "h", "data": "d", "cap": "c"}
 # What each mark says (Table 2's caption lists those its cells carry)
 LIMIT_WHY = {"host": "the host's pinned memory, not the GPU's, stopped the batch",
              "data": "the training data did", "cap": "the search's cap did"}  # fmt: skip
-
-
-def speed_verdict(ratio: float, either_retried: bool, clear: float = SPEED_CLEAR,
-                  clear_retried: float = SPEED_CLEAR_RETRIED) -> str | None:  # fmt: skip
-    """ "faster" or "slower" where a tokens/s ratio is at least `clear` from 1 (`clear_retried`
-    where either cell retried cudaMalloc), else None: the map paper's one speed rule."""
-    c = clear_retried if either_retried else clear
-    return "faster" if ratio >= c else ("slower" if ratio <= 1 / c else None)
 
 
 def was_timed(row: dict) -> bool:
@@ -188,8 +168,9 @@ def aggregate_map(points: dict, models: dict, techniques: list, vocab: int, resu
 
 def same_batch_speed(table, technique: str, reference: str) -> list[dict]:
     """Each point where `technique`'s maximum is `reference`'s batch and both cells were timed:
-    {point, batch, ratio (its tokens/s over the reference's), retried (either cell retried
-    cudaMalloc in its timed steps), both (both did)}. Only there is the ratio the technique's knobs alone."""
+    {point, batch, ratio (its tokens/s over the reference's), noise (the two cells' noises added:
+    memopt.report.noise), retried (either cell retried cudaMalloc in its timed steps), both (both
+    did)}. Only there is the ratio the technique's knobs alone."""
     out = []
     for point, rows in table.groupby("point", sort=False):
         by = {r["technique"]: r for r in rows.to_dict(orient="records")}
@@ -199,7 +180,7 @@ def same_batch_speed(table, technique: str, reference: str) -> list[dict]:
         if not (was_timed(t) and was_timed(r)):
             continue
         out.append({"point": point, "batch": int(t["max_batch"]),
-                    "ratio": float(t["tokens_per_s"] / r["tokens_per_s"]),
+                    "ratio": float(t["tokens_per_s"] / r["tokens_per_s"]), "noise": pair_noise(t, r),
                     "retried": retried(t) or retried(r), "both": retried(t) and retried(r)})  # fmt: skip
     return out
 
@@ -218,15 +199,8 @@ def map_findings(table, reference: str) -> dict:
                  "ratios": {str(_plain(k)): (None if v == float("inf") else v) for k, v in f["ratios"].items()}}
                 for f in found
             ]  # fmt: skip
-    # where a cell retried, its slowest timed step over its fastest bounds how far its mix of
-    # slow and fast steps alone can move its mean: the threshold there is at least that
-    spreads = [x for r in table.to_dict(orient="records")
-               if was_timed(r) and retried(r) and (x := r.get("step_spread")) is not None and x == x]  # fmt: skip
-    clear_retried = max([SPEED_CLEAR_RETRIED, *(math.ceil(x * 100) / 100 for x in spreads)])
     return {"reference": reference, "pays_at": PAYS, "techniques": out,
-            "speed_clear": SPEED_CLEAR, "speed_clear_retried": clear_retried,
-            "speed_clear_retried_set": SPEED_CLEAR_RETRIED,
-            "speed_basis": SPEED_BASIS,
+            "retry_noise": RETRY_NOISE, "speed_basis": SPEED_BASIS,
             "speed": speed}  # fmt: skip
 
 

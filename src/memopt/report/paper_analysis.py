@@ -281,7 +281,7 @@ def findings(cells: list[dict], searches: list[dict], baseline: str) -> dict:
         base_tps = base["tokens_per_s"] if base else None
         result["fastest"] = {
             "technique": fast["technique"],
-            # the others whose throughput is within the two cells' 95% intervals of it
+            # the others whose throughput is within noise of it (memopt.report.noise)
             "tied": [c for c in ok if c is not fast and within_noise(c, fast)],
             "tokens_per_s": fast["tokens_per_s"],
             "baseline_tokens_per_s": base_tps,

@@ -101,7 +101,7 @@ def _map(root: Path, templates: Path, render, config: dict) -> dict:
 
 
 def _quality(root: Path) -> dict:
-    from memopt.report.paper import _quality_runs
+    from memopt.report.paper_inputs import _quality_runs
     from memopt.report.verdicts import quality_table
 
     config = _study(root, "quality", ("results/quality.csv",))

@@ -73,7 +73,7 @@ def _knobs(techniques: list[dict], baseline: str) -> list[dict]:
     return out
 
 
-# A larger batch's gain in throughput worth naming (and beyond the two cells' 95% intervals).
+# A larger batch's gain in throughput worth naming (and beyond the two cells' noise).
 GAIN = 0.05
 
 

@@ -63,7 +63,7 @@ def results_table(ctx: dict) -> Table:
         f"table); the cell timed steps until the 95% interval of their mean was within "
         f"{pct(cfg['target_rel_ci'], 1)} of it, or {cfg['max_timed_steps']} steps{limit};\n"
         "tokens/s is the batch's tokens over the mean step time (what the whole timed run "
-        "delivered), ± the 95% interval of that mean (the within-noise rule's);\nMFU counts model FLOPs (useful work), HFU also the forward passes that "
+        "delivered), ± the 95% interval of that mean (part of a cell's noise: Method);\nMFU counts model FLOPs (useful work), HFU also the forward passes that "
         "checkpointing and a recomputed loss run again (n/a where MFU is, or where the compiler "
         f"chooses what to recompute);\n{retries}"
     )

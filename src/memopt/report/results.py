@@ -14,6 +14,7 @@ from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-exported)
 from memopt.knobs import BY_NAME, KNOBS
 from memopt.knobs import groups as knob_groups
+from memopt.report.noise import within_noise  # noqa: F401  (re-exported)
 from memopt.report.steady import instability, median_interval
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
@@ -243,14 +244,6 @@ def capped_techniques(searches: list[dict]) -> frozenset:
     return frozenset(s["technique"] for s in searches if s.get("status") == "capped")
 
 
-def within_noise(a: dict, b: dict) -> bool:
-    """Two cells' throughputs are within their step-time 95% intervals (added) of each other."""
-    rel = (a.get("step_time_ms_rel_ci95") or 0) + (b.get("step_time_ms_rel_ci95") or 0)
-    return abs(a["tokens_per_s"] - b["tokens_per_s"]) <= rel * max(
-        a["tokens_per_s"], b["tokens_per_s"]
-    )
-
-
 def changed_groups(a: dict, b: dict) -> list[str]:
     """The knob groups (mechanisms) in which two cells' knobs differ, in registry order."""
     return [
@@ -296,7 +289,7 @@ def incremental_effects(cells: list[dict]) -> list[dict]:
 def analysis(cells: list[dict]) -> dict:
     """What the numbers say at the `same` batch, for the generated analysis text: the best
     technique on each axis, whether the runner-up is within measured noise (within_noise: the
-    paper's one rule, the two cells' 95% intervals added), and the memory-speed Pareto set over
+    papers' one rule, memopt.report.noise), and the memory-speed Pareto set over
     every ok cell."""
     same = list(ok_cells(cells).values())
     result = {"fastest": None, "lowest_memory": None, "pareto": []}
