@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from memopt.report.map_results import retried
-from memopt.report.noise import pair_noise, speed_verdict
+from memopt.report.noise import RETRY_NOISE, pair_noise, speed_verdict
 
 # retries "go with" the room a cell left where at most this share of the cells that left as
 # little as any retried cell did not retry (and some cells left more)
@@ -187,6 +187,7 @@ def own_max_speeds(
     reference: str,
     shares: dict | None = None,
     target: float | None = None,
+    retry: float = RETRY_NOISE,
 ) -> list[dict]:
     """Each technique's tokens/s over the reference's, each at its own maximum (the batches
     differ): [{technique, min, max, under (below 1 at every point timed), over (above 1), below (slower beyond the
@@ -198,7 +199,8 @@ def own_max_speeds(
     technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
     recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
     without shares. wide: interval_misses of the cells behind the ratios against `target` (None
-    without a target or a miss)."""
+    without a target or a miss). retry: the allowance for a cell that retried (the rule's
+    RETRY_NOISE; another for a sensitivity check)."""
     out = []
     for t in techniques:
         ratios, rates, behind, ends = [], [], [], []
@@ -210,7 +212,7 @@ def own_max_speeds(
             if ref.get("tokens_per_s"):
                 ratios.append(r["tokens_per_s"] / ref["tokens_per_s"])
                 ends.append({"point": r["point"], "retried": retried(r) or retried(ref),
-                             "noise": pair_noise(r, ref),
+                             "noise": pair_noise(r, ref, retry),
                              "one_more": r.get("max_batch") == (ref.get("max_batch") or 0) + 1})  # fmt: skip
                 if r["point"] in by_point:
                     rates.append(ratios[-1] / by_point[r["point"]])

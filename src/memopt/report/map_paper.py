@@ -157,6 +157,8 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     spans = point_spans(search_paths, searches, read_json)  # when each point's jobs ran
     runs, where = time_groups(spans), where_run(rows)
     groups = [list(dict.fromkeys(point for point, _ in g)) for g in runs]  # points, in order
+    repeats = repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results", RETRY_NOISE) \
+        if repeats_dir else None  # fmt: skip
     return {
         "config": config, "config_yaml": config_yaml(config, searches), "corpus": read_json(corpus_stats),
         "tokens": tokens, "models": models,
@@ -225,8 +227,11 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "flex_alone": {t: any(u != t and v.get("attention") == s.get("attention") and not v.get("window")
                               for u, v in specs.items()) for t, s in specs.items() if s.get("window")},
         "slope_same": SLOPE_SAME,
-        "repeats": repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results", RETRY_NOISE)
-        if repeats_dir else None,
+        "repeats": repeats,
+        # the own-maximum verdicts again with the repeats' own allowance for a retried cell
+        "own_speeds_repeats": own_max_speeds(rows, [t for t in techniques if t != reference],
+                                             reference, recompute, retry=repeats["retried_max"])
+        if repeats and repeats["retried_max"] is not None else None,
         "n_kinds": len(BREAKDOWN), "dodge": CLOSE - 1,
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "scores": kept_scores(rows, models, specs),
