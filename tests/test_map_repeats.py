@@ -80,9 +80,9 @@ def test_the_paper_says_the_repeats_and_whether_the_noise_rule_holds_on_them(tmp
            "95% interval, plus 14% for a cell that retried)." in said  # fmt: skip
     assert ("This map's repeats, 2 runs each of `flash` and `window` at `llama_s_32` on one GPU "
             f"(UUID `{CARD}`; the study's `repeats/`), moved a cell that retried by at most 10.0% and one that did "
-            "not by at most 0.1%, each cell's runs within noise of each other by the rule. From the "
-            "point's own run, on another GPU, they moved by up to 17.0%; the rule compares cells of "
-            "one card.") \
+            "not by at most 0.1%, each cell's runs within noise of each other by the rule. The repeats "
+            "cover `llama_s_32` alone. From the point's own run, on another GPU, the repeated cells "
+            "moved by up to 17.0%; the rule compares cells of one card.") \
         in said  # fmt: skip
     write_repeats(tmp_path, {"window": [(40000.0, 5), (52000.0, 9)]})  # 30%: past the 14%
     said = paragraph(tmp_path)

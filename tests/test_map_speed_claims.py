@@ -96,7 +96,7 @@ def test_the_repeats_say_which_point_they_cover(base, tmp_path):  # noqa: F811
     said = paragraph(root)
     # the repeats hold the rule at one of the map's 6 points: said so
     assert ", each cell's runs within noise of each other by the rule." in said
-    assert said.count(" They cover `llama_s_32` alone.") == 1
+    assert said.count(" The repeats cover `llama_s_32` alone.") == 1
 
 
 # The review of the 9-point H200 draft (issue 37): a ratio at each technique's own maximum is
