@@ -346,7 +346,7 @@ def test_compile_mode_is_the_mode_torch_compile_gets(monkeypatch):
 
 def test_compile_mode_is_named_as_a_compile_change_and_in_the_technique_table():
     from memopt.knobs import BY_NAME
-    from memopt.report.results import incremental_effects
+    from memopt.report.effects import incremental_effects
 
     row = {"compile": True, "compile_mode": "reduce-overhead"}
     assert BY_NAME["compile_mode"].labels(row) == "compile mode reduce-overhead"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from memopt.config import ConfigError, full_spec, validate_config
-from memopt.report.results import incremental_effects
+from memopt.report.effects import incremental_effects
 from memopt.runtime.losses import chunked_cross_entropy
 from memopt.runtime.measure import TensorMemoryTracker
 from memopt.runtime.model import ModelConfig, build_model

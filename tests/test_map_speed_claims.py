@@ -216,11 +216,11 @@ def test_the_paper_gives_the_retried_step_spread_and_table_4_caption_its_marks(b
            "every faster-or-slower verdict below comes from two cells that did not retry." \
         in speed  # fmt: skip
     assert "-: the search tried fewer than two batches" not in md  # every search drew a line
-    # a spread within what reruns moved such cells (19% across cards): not said to pass them
+    # a spread within the rule's 14% for a retried cell: nothing to set against it
     edit(root, "llama_m_32", "offload", "cell",
-         lambda d: d.update(step_times_ms=[100.0] * 8 + [115.0] * 3))  # fmt: skip
+         lambda d: d.update(step_times_ms=[100.0] * 8 + [112.0] * 3))  # fmt: skip
     speed = render(root).split("**Speed at")[1].split("\n\n")[0]
-    assert "slowest timed step took up to 1.15× the fastest" in speed
+    assert "slowest timed step took up to 1.12× the fastest" in speed
     assert "not on this bound" not in speed
     assert "speed_clear_retried" not in (root / "results/map_findings.json").read_text()
 

@@ -145,7 +145,8 @@ def _spec_cell(t, prec, att, win, ck, tps, mem, entry="same"):
 
 
 def test_incremental_effects_and_changes_against_the_baseline():
-    from memopt.report.results import incremental_effects, relative_to_baseline
+    from memopt.report.effects import incremental_effects
+    from memopt.report.results import relative_to_baseline
 
     cells = [
         _spec_cell("baseline", "fp32", "math", None, "none", 100, 1000),
@@ -199,7 +200,7 @@ def test_incremental_effects_and_changes_against_the_baseline():
 
 
 def test_analysis_names_the_best_and_says_when_it_is_within_noise():
-    from memopt.report.results import analysis
+    from memopt.report.effects import analysis
 
     def cell(t, mean, rel_ci, mem, entry="same"):
         return {

@@ -383,7 +383,7 @@ def function_knobs() -> tuple[str, ...]:
 
 def groups() -> dict[str, list[str]]:
     """The knobs of each mechanism, in registry order: techniques that differ in one group are a
-    single-knob change (memopt.report.results.incremental_effects)."""
+    single-knob change (memopt.report.effects.incremental_effects)."""
     out: dict[str, list[str]] = {}
     for k in KNOBS:
         out.setdefault(k.group, []).append(k.name)

@@ -165,7 +165,7 @@ def _tradeoff_figure(summary) -> Figure:
         ax.set_title("Memory vs throughput")
         return fig
     one_entry = summary["batch_entry"].nunique() == 1
-    # Memory in whole MiB, as the tables print it (memopt.report.results.analysis does the same).
+    # Memory in whole MiB, as the tables print it (memopt.report.effects.analysis does the same).
     points = list(zip(ok["peak_allocated_mib"].round(), ok["tokens_per_s"].astype(float)))
     front = pareto(points)
     on_front = set(front)

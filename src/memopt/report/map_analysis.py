@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from memopt.errors import MemoptError
 from memopt.report.map_results import BREAKDOWN
 from memopt.report.noise import speed_verdict
 
@@ -140,6 +141,9 @@ def speed_summary(findings: dict) -> list[dict]:
     out = []
 
     def verdict(f):
+        if "noise" not in f:  # findings aggregated before the noise rule
+            raise MemoptError("map_findings.json has no 'noise' per ratio (written before the "
+                              "papers' noise rule): run `memopt paper` on the map study again")  # fmt: skip
         return speed_verdict(f["ratio"], f["noise"])
 
     for technique, found in (findings.get("speed") or {}).items():

@@ -194,8 +194,8 @@ def own_max_speeds(
     two cells' noise at every point: memopt.report.noise, the papers' one rule, as a cell's
     retries move its mean however the batches compare), above (faster beyond it everywhere),
     slower and faster (at how many points the rule says so), mixed (a point the rule leaves
-    within noise is farther from 1 than one it counts: a retry's noise decided it), ends (the pairs behind min and max: {point, retried, one_more:
-    the technique's maximum one sequence above the reference's}), n, rate, wide}]. rate: {min, max} of that ratio over the
+    within noise is farther from 1 than one it counts: the pairs' noises decided it), ends (the pairs behind min and max: {point, retried, one_more:
+    the technique's maximum one sequence above the reference's, noise: the pair's noise}), n, rate, wide}]. rate: {min, max} of that ratio over the
     technique's share of its FLOPs that are model FLOPs at the point (shares[technique]["by_point"],
     recompute_share), i.e. its FLOP rate, recomputation counted, over the reference's; None
     without shares. wide: interval_misses of the cells behind the ratios against `target` (None
@@ -221,8 +221,8 @@ def own_max_speeds(
             said = [speed_verdict(v, e["noise"]) for v, e in zip(ratios, ends)]
             slow = [v for v, s in zip(ratios, said) if s == "slower"]
             fast = [v for v, s in zip(ratios, said) if s == "faster"]
-            # a point not called so whose ratio is farther from 1 than one that is: a retried
-            # cell's noise decided it
+            # a point not called so whose ratio is farther from 1 than one that is: the pairs'
+            # noises differ (a retry's allowance, or a wider interval) and decided it
             mixed = any(
                 s != "slower" and slow and v < max(slow) for v, s in zip(ratios, said)
             ) or any(s != "faster" and fast and v > min(fast) for v, s in zip(ratios, said))

@@ -231,7 +231,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         # the own-maximum verdicts again with the repeats' own allowance for a retried cell
         "own_speeds_repeats": own_max_speeds(rows, [t for t in techniques if t != reference],
                                              reference, recompute, retry=repeats["retried_max"])
-        if repeats and repeats["retried_max"] is not None else None,
+        if repeats and repeats["retried_max"] else None,  # a spread of 0 allows nothing
         "n_kinds": len(BREAKDOWN), "dodge": CLOSE - 1,
         "fixed": fixed_savings(rows, reference, findings["pays_at"]),
         "scores": kept_scores(rows, models, specs),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memopt.fileio import read_json
-from memopt.report.noise import within_noise
+from memopt.report.noise import retries, within_noise
 
 
 def _run(cell: dict) -> dict | None:
@@ -60,7 +60,7 @@ def repeat_spread(repeats: Path, results: Path, retry_noise: float) -> dict | No
         card = runs if elsewhere or not own else every  # the runs on the repeats' card
         cells.append({
             "point": point, "technique": technique, "runs": runs, "own": own,
-            "retried": any(r["alloc_retries"] for r in every),
+            "retried": any(retries(r) > 0 for r in card),
             "spread": _spread(card) if len(card) > 1 else None,
             "within": len(card) < 2 or within_noise(max(card, key=_tps), min(card, key=_tps)),
             "with_own": _spread(every) if own else None, "own_elsewhere": elsewhere,

@@ -22,23 +22,41 @@ SPEED_BASIS = {"across_cards": 0.19, "one_card": 0.14}
 RETRY_NOISE = SPEED_BASIS["one_card"]
 
 
+def _known(value) -> bool:
+    return value is not None and value == value  # NaN: not known
+
+
 def retries(cell: dict) -> float:
     """cudaMalloc retries in a cell's timed steps, from a results row (alloc_retries), a summary
     row (allocator_alloc_retries) or a cell's JSON (allocator_events); 0 where none is known."""
-    for n in (cell.get("alloc_retries"), cell.get("allocator_alloc_retries"),
-              (cell.get("allocator_events") or {}).get("alloc_retries")):  # fmt: skip
-        if n is not None and n == n:  # NaN: not known
+    events = cell.get("allocator_events")
+    events = events if isinstance(events, dict) else {}
+    for n in (
+        cell.get("alloc_retries"),
+        cell.get("allocator_alloc_retries"),
+        events.get("alloc_retries"),
+    ):
+        if _known(n):
             return n
     return 0
 
 
+def rel_interval(cell: dict) -> float:
+    """A cell's relative 95% interval of its mean step time: a summary row's
+    step_time_ms_rel_ci95, a results row's rel_ci95 or a cell JSON's step_time_ms.rel_ci95; 0
+    where none is known."""
+    stats = cell.get("step_time_ms")
+    stats = stats if isinstance(stats, dict) else {}
+    for ci in (cell.get("step_time_ms_rel_ci95"), cell.get("rel_ci95"), stats.get("rel_ci95")):
+        if _known(ci):
+            return ci
+    return 0.0
+
+
 def cell_noise(cell: dict, retry: float = RETRY_NOISE) -> float:
-    """A cell's noise: its relative 95% interval (step_time_ms_rel_ci95 or a results row's
-    rel_ci95), plus `retry` (RETRY_NOISE; another allowance for a sensitivity check) where it
-    retried cudaMalloc in its timed steps."""
-    ci = cell.get("step_time_ms_rel_ci95", cell.get("rel_ci95"))
-    ci = ci if ci is not None and ci == ci else 0.0
-    return ci + (retry if retries(cell) > 0 else 0.0)
+    """A cell's noise: its relative 95% interval, plus `retry` (RETRY_NOISE; another allowance
+    for a sensitivity check) where it retried cudaMalloc in its timed steps."""
+    return rel_interval(cell) + (retry if retries(cell) > 0 else 0.0)
 
 
 def pair_noise(a: dict, b: dict, retry: float = RETRY_NOISE) -> float:
@@ -48,15 +66,18 @@ def pair_noise(a: dict, b: dict, retry: float = RETRY_NOISE) -> float:
 
 def speed_verdict(ratio: float, noise: float) -> str | None:
     """ "faster" or "slower" for a tokens/s ratio (one cell's over another's) whose difference is
-    more than `noise` (pair_noise) of the faster one's tokens/s, else None (within noise)."""
-    if 1 - min(ratio, 1 / ratio) <= noise:
+    more than `noise` (pair_noise) of the faster one's tokens/s, else None (within noise, or no
+    ratio: NaN, zero or negative)."""
+    if not ratio > 0 or 1 - min(ratio, 1 / ratio) <= noise:
         return None
     return "faster" if ratio > 1 else "slower"
 
 
 def within_noise(a: dict, b: dict) -> bool:
-    """Two timed cells' throughputs are within their noises added of each other (the rule above)."""
-    return speed_verdict(a["tokens_per_s"] / b["tokens_per_s"], pair_noise(a, b)) is None
+    """Two timed cells' throughputs are within their noises added of each other (the rule above);
+    a cell with no throughput (0) is within noise of none but another such cell."""
+    x, y = a["tokens_per_s"], b["tokens_per_s"]
+    return abs(x - y) <= pair_noise(a, b) * max(x, y)
 
 
 def noise_rule(gpu: bool = True) -> dict:

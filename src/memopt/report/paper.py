@@ -16,6 +16,7 @@ import jinja2
 
 from memopt.errors import MemoptError
 from memopt.report import paper_tables, tables
+from memopt.report.effects import analysis, incremental_effects
 from memopt.report.noise import noise_rule
 from memopt.report.paper_analysis import (
     add_hfu,
@@ -50,9 +51,7 @@ from memopt.report.quality_paper import figure_names as quality_figures
 from memopt.report.quality_paper import quality_context, quality_focus
 from memopt.report.results import (
     FIGURE_NAMES,
-    analysis,
     capped_techniques,
-    incremental_effects,
     ok_cells,
     read_json,
     relative_to_baseline,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memopt.fileio import read_json
+from memopt.report.noise import within_noise
 from memopt.report.paper_reference import ratio
 from memopt.report.results import (
     LATER_SPEC_KEYS,
@@ -16,7 +17,6 @@ from memopt.report.results import (
     capped_techniques,
     entry_sort_key,
     ok_cells,
-    within_noise,
 )
 from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import flops_per_token, recompute_flops_per_token

@@ -11,8 +11,9 @@ templates (technique names and numbers are the only data in it).
 
 from __future__ import annotations
 
+from memopt.report.effects import changed_groups
 from memopt.report.paper_format import mib as _mib
-from memopt.report.results import changed_groups, ok_cells
+from memopt.report.results import ok_cells
 
 # Explicit attention kernels keep the T x T scores and probabilities; the others are fused.
 _EXPLICIT = {"math"}

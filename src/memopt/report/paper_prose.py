@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import jinja2
 
+from memopt.report.noise import within_noise
 from memopt.report.paper_analysis import batch_change, break_even_tokens, logits_step
 from memopt.report.paper_format import host_budget_words, md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
 from memopt.report.paper_tables_effects import retry_cost
-from memopt.report.results import ok_cells, within_noise
+from memopt.report.results import ok_cells
 from memopt.runtime.flops import attention_flops_per_token, flops_per_token
 
 SECTIONS = ("title", "abstract", "introduction", "where", "discussion", "limitations", "conclusion")

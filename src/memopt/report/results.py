@@ -12,9 +12,7 @@ import pandas as pd
 
 from memopt.errors import MemoptError
 from memopt.fileio import read_json, write_json, write_text  # noqa: F401  (re-exported)
-from memopt.knobs import BY_NAME, KNOBS
-from memopt.knobs import groups as knob_groups
-from memopt.report.noise import within_noise  # noqa: F401  (re-exported)
+from memopt.knobs import KNOBS
 from memopt.report.steady import instability, median_interval
 
 # Top-level keys every cell JSON must carry (values may be null, e.g. timings of an oom cell).
@@ -233,85 +231,9 @@ def relative_to_baseline(cells: list[dict], baseline: str) -> list[dict]:
     ]
 
 
-def _describe(cell: dict, keys: list[str]) -> str:
-    """The knobs `keys` of a cell as a change names them (memopt.knobs: each knob's describe)."""
-    knobs = [BY_NAME[k] for k in keys if not BY_NAME[k].subordinate]
-    return " + ".join(filter(None, (k.describes(cell) for k in knobs)))
-
-
 def capped_techniques(searches: list[dict]) -> frozenset:
     """The techniques whose search stopped at its cap: their maximum is a lower bound."""
     return frozenset(s["technique"] for s in searches if s.get("status") == "capped")
-
-
-def changed_groups(a: dict, b: dict) -> list[str]:
-    """The knob groups (mechanisms) in which two cells' knobs differ, in registry order."""
-    return [
-        g
-        for g, keys in knob_groups().items()
-        if any(BY_NAME[k].value_in(a) != BY_NAME[k].value_in(b) for k in keys)
-    ]
-
-
-def incremental_effects(cells: list[dict]) -> list[dict]:
-    """At the `same` batch, every pair of techniques whose knobs differ in exactly one group
-    (precision, attention kernel/window, checkpointing, compile): the effect of that change, from
-    the technique listed first to the one listed later."""
-    same = ok_cells(cells)
-    order = list(same)  # the config's technique order: a change goes from earlier to later
-    rows = []
-    for base_name, base in same.items():
-        for name, cell in same.items():
-            if order.index(name) <= order.index(base_name):
-                continue
-            groups = changed_groups(cell, base)
-            if len(groups) != 1:
-                continue
-            keys = knob_groups()[groups[0]]
-            rows.append(
-                {
-                    "technique": name,
-                    "over": base_name,
-                    "knob": groups[0],
-                    "change": f"{_describe(base, keys)} → {_describe(cell, keys)}",
-                    "within_noise": within_noise(cell, base),
-                    # a cell whose steps are not steady (the results table's †): no cause from this pair
-                    "unstable": [c["technique"] for c in (base, cell) if c.get("unstable")],
-                    "median_speedup": base["step_time_ms_median"] / cell["step_time_ms_median"]
-                    if cell.get("step_time_ms_median") and base.get("step_time_ms_median")
-                    else None,
-                    **_change(cell, base),
-                }
-            )
-    return rows
-
-
-def analysis(cells: list[dict]) -> dict:
-    """What the numbers say at the `same` batch, for the generated analysis text: the best
-    technique on each axis, whether the runner-up is within measured noise (within_noise: the
-    papers' one rule, memopt.report.noise), and the memory-speed Pareto set over
-    every ok cell."""
-    same = list(ok_cells(cells).values())
-    result = {"fastest": None, "lowest_memory": None, "pareto": []}
-    if same:
-        by_speed = sorted(same, key=lambda c: c["step_time_ms_mean"])
-        best = by_speed[0]
-        tied = [c["technique"] for c in by_speed[1:] if within_noise(c, best)]
-        result["fastest"] = {"technique": best["technique"], "within_noise": tied}
-        low = min(same, key=lambda c: c["peak_allocated_mib"])
-        result["lowest_memory"] = {
-            "technique": low["technique"],
-            "peak_mib": low["peak_allocated_mib"],
-        }
-    ok = [c for c in cells if c["status"] == "ok"]
-    # Memory in whole MiB, as the tables print it: 0.005 MiB is no advantage.
-    front = set(pareto([(round(c["peak_allocated_mib"]), c["tokens_per_s"]) for c in ok]))
-    result["pareto"] = [
-        f"{c['technique']} ({c['batch_entry']})"
-        for c in ok
-        if (round(c["peak_allocated_mib"]), c["tokens_per_s"]) in front
-    ]
-    return result
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
