@@ -133,9 +133,9 @@ def test_the_story_derives_its_numbers_from_the_results(context):
 
 
 def _flash_at_max(context, mean: float, median: float, rel_ci: float) -> dict:
-    """memopt.report.paper_prose._batch_speed with `flash`'s max cell that many times its same
+    """memopt.report.effects.batch_speed with `flash`'s max cell that many times its same
     cell's throughput by the mean and by the median step, both cells' intervals `rel_ci`."""
-    from memopt.report.paper_prose import _batch_speed
+    from memopt.report.effects import batch_speed
 
     cells = [dict(c) for c in context["cells"]]
     same = next(c for c in cells if c["technique"] == "flash" and c["batch_entry"] == "same")
@@ -145,7 +145,7 @@ def _flash_at_max(context, mean: float, median: float, rel_ci: float) -> dict:
         same["step_time_ms_median"] * top["batch_size"] / same["batch_size"] / median
     )
     same["step_time_ms_rel_ci95"] = top["step_time_ms_rel_ci95"] = rel_ci
-    return _batch_speed(cells)
+    return batch_speed(cells)
 
 
 def test_a_technique_faster_at_its_maximum_beyond_noise_is_named(context):

@@ -1,6 +1,6 @@
 """What the cells say at one batch (the `same` entry): every one-knob pair's effect and the best
-technique on each axis, each speed comparison by the papers' one noise rule (memopt.report.noise).
-Kept apart from memopt.report.results, which the training jobs import: the rule is the papers',
+technique on each axis; and what a larger batch buys each technique (batch_speed). Each speed
+comparison is by the papers' one noise rule (memopt.report.noise). Kept apart from memopt.report.results, which the training jobs import: the rule is the papers',
 and changing it reruns no job."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from memopt.knobs import BY_NAME
 from memopt.knobs import groups as knob_groups
 from memopt.report.noise import within_noise
+from memopt.report.paper_analysis import batch_change
 from memopt.report.results import _change, ok_cells, pareto
 
 
@@ -85,3 +86,41 @@ def analysis(cells: list[dict]) -> dict:
         if (round(c["peak_allocated_mib"]), c["tokens_per_s"]) in front
     ]
     return result
+
+
+# A larger batch's gain in throughput worth naming (and beyond the two cells' noise).
+GAIN = 0.05
+
+
+def batch_speed(cells: list[dict]) -> dict | None:
+    """How throughput changes from the `same` batch to each technique's own maximum batch, by the
+    mean step (the tables' tokens/s) and by the median (memopt.report.paper_analysis.batch_change),
+    and which techniques gain from it by both, beyond noise."""
+    same = ok_cells(cells)
+    changes = [
+        (c, batch_change(same[c["technique"]], c))
+        for c in cells
+        if c["batch_entry"] == "max"
+        and c["status"] == "ok"
+        and not c.get("measured_as")
+        and c["technique"] in same
+        and c["batch_size"] > same[c["technique"]]["batch_size"]
+    ]
+    if not changes:
+        return None
+    gain = [
+        min(r.values()) >= GAIN and not within_noise(c, same[c["technique"]]) for c, r in changes
+    ]
+    rest = [r for (_, r), g in zip(changes, gain) if not g]
+
+    def span(rs):  # lo and hi, by the mean step and by the median
+        return {f"{k}_{m}": f(r[m] for r in rs) for m in ("mean", "median")
+                for k, f in (("lo", min), ("hi", max))}  # fmt: skip
+
+    return {
+        **span([r for _, r in changes]),
+        "n": len(changes),
+        "threshold": GAIN,
+        "gainers": [{"technique": c["technique"], **r} for (c, r), g in zip(changes, gain) if g],
+        "others": {**span(rest), "n": len(rest)} if rest else None,
+    }

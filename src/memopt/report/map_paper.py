@@ -157,6 +157,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
     spans = point_spans(search_paths, searches, read_json)  # when each point's jobs ran
     runs, where = time_groups(spans), where_run(rows)
     groups = [list(dict.fromkeys(point for point, _ in g)) for g in runs]  # points, in order
+    on_gpu = any(r["gpu"] for r in timed)
     repeats = repeat_spread(Path(repeats_dir), Path(repeats_dir).parent / "results", RETRY_NOISE) \
         if repeats_dir else None  # fmt: skip
     return {
@@ -198,7 +199,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
             for t, f in findings["techniques"].items()
         ],
         "shares": share_ranges(rows, reference),
-        "speed": speed, "retry_noise": RETRY_NOISE, "speed_basis": SPEED_BASIS, "noise_rule": noise_rule(any(r["gpu"] for r in timed)),
+        "speed": speed, "retry_noise": RETRY_NOISE, "speed_basis": SPEED_BASIS, "noise_rule": noise_rule(on_gpu),
         # what the claims may say (memopt.report.map_claims)
         "references": [t for t in dict.fromkeys((reference, config.get("baseline"))) if t in specs],
         "single": single_points(rows, reference, findings["pays_at"], by_cell),
@@ -237,7 +238,7 @@ def map_context(table, findings: dict, search_paths, corpus_stats, token_meta, c
         "scores": kept_scores(rows, models, specs),
         "linked": False,  # True: rendered inside another paper (memopt.report.paper_links)
         "device": {"name": " and ".join(sorted({r["gpu"] for r in timed if r["gpu"]})) or None,
-                   "gpu": any(r["gpu"] for r in timed)},
+                   "gpu": on_gpu},
         "where": where,
         "provenance": {k: sorted({str(p[k]) for s in searches for p in [s.get("provenance") or {}] if p.get(k)})
                        for k in PROVENANCE_KEYS},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memopt.fileio import read_json
-from memopt.report.noise import retries, within_noise
+from memopt.report.noise import rel_interval, retries, within_noise
 
 
 def _run(cell: dict) -> dict | None:
@@ -18,9 +18,7 @@ def _run(cell: dict) -> dict | None:
     tps = cell.get("tokens_per_s")
     if cell.get("status") != "ok" or not tps:
         return None
-    events = cell.get("allocator_events") or {}
-    return {"tokens_per_s": tps, "alloc_retries": events.get("alloc_retries"),
-            "rel_ci95": (cell.get("step_time_ms") or {}).get("rel_ci95"),
+    return {"tokens_per_s": tps, "alloc_retries": retries(cell), "rel_ci95": rel_interval(cell),
             "timed_steps": cell.get("timed_steps"),
             "gpu": (cell.get("provenance") or {}).get("gpu_uuid")}  # fmt: skip
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memopt.fileio import read_json
-from memopt.report.noise import RETRY_NOISE, SPEED_BASIS, pair_noise
+from memopt.report.noise import RETRY_NOISE, SPEED_BASIS, pair_noise, retries
 from memopt.runtime.blocks import technique_model
 from memopt.runtime.flops import param_count
 
@@ -31,8 +31,7 @@ def was_timed(row: dict) -> bool:
 
 def retried(row: dict) -> bool:
     """Whether a cell's timed steps retried cudaMalloc (NaN, None: not timed, or not known)."""
-    n = row.get("alloc_retries")
-    return n is not None and n == n and n > 0
+    return retries(row) > 0
 
 
 # The map's figures (memopt.report.map_figures draws each as .pdf and .png; the workflow and the

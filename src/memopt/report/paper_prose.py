@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import jinja2
 
-from memopt.report.noise import within_noise
-from memopt.report.paper_analysis import batch_change, break_even_tokens, logits_step
+from memopt.report.effects import batch_speed
+from memopt.report.paper_analysis import break_even_tokens, logits_step
 from memopt.report.paper_format import host_budget_words, md_to_tex
 from memopt.report.paper_mechanisms import logits_fp32_mib, peak_parts, per_layer_bytes
 from memopt.report.paper_tables_effects import retry_cost
@@ -72,44 +72,6 @@ def _knobs(techniques: list[dict], baseline: str) -> list[dict]:
         if names:
             out.append({"key": key, "name": name, "techniques": names})
     return out
-
-
-# A larger batch's gain in throughput worth naming (and beyond the two cells' noise).
-GAIN = 0.05
-
-
-def _batch_speed(cells: list[dict]) -> dict | None:
-    """How throughput changes from the `same` batch to each technique's own maximum batch, by the
-    mean step (the tables' tokens/s) and by the median (memopt.report.paper_analysis.batch_change),
-    and which techniques gain from it by both, beyond noise."""
-    same = ok_cells(cells)
-    changes = [
-        (c, batch_change(same[c["technique"]], c))
-        for c in cells
-        if c["batch_entry"] == "max"
-        and c["status"] == "ok"
-        and not c.get("measured_as")
-        and c["technique"] in same
-        and c["batch_size"] > same[c["technique"]]["batch_size"]
-    ]
-    if not changes:
-        return None
-    gain = [
-        min(r.values()) >= GAIN and not within_noise(c, same[c["technique"]]) for c, r in changes
-    ]
-    rest = [r for (_, r), g in zip(changes, gain) if not g]
-
-    def span(rs):  # lo and hi, by the mean step and by the median
-        return {f"{k}_{m}": f(r[m] for r in rs) for m in ("mean", "median")
-                for k, f in (("lo", min), ("hi", max))}  # fmt: skip
-
-    return {
-        **span([r for _, r in changes]),
-        "n": len(changes),
-        "threshold": GAIN,
-        "gainers": [{"technique": c["technique"], **r} for (c, r), g in zip(changes, gain) if g],
-        "others": {**span(rest), "n": len(rest)} if rest else None,
-    }
 
 
 def _reports_speedups(references: dict) -> list[dict]:
@@ -366,7 +328,7 @@ def story(ctx: dict) -> dict:
         "knobs": _knobs(ctx["techniques"], ctx["baseline"]),
         "per_sample": per_sample,
         "baseline_per_sample": base_search.get("per_sample_mib"),
-        "batch_speed": _batch_speed(ctx["cells"]),
+        "batch_speed": batch_speed(ctx["cells"]),
         "logits_step": logits_step(
             ctx["cells"], ctx["model"]["seq_len"], ctx["tokens"]["vocab_size"], ctx["increments"]
         ),
